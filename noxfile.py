@@ -8,6 +8,9 @@ would pull a multi-GB CUDA build.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import tomllib
 from pathlib import Path
 
 import nox
@@ -38,9 +41,13 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
-    session.install(TORCH, *TEST_DEPS)
+    session.install(TORCH, *TEST_DEPS, "scikit-image", "scikit-learn")
     _install_packages(session, ALL_PACKAGES)
-    _pytest(session, *[f"packages/{n}/tests" for n in ALL_PACKAGES], "tests")
+    # One pytest run per package: test modules of different packages may share a
+    # basename, which one pytest run over all of them would refuse to import.
+    for name in ALL_PACKAGES:
+        _pytest(session, f"packages/{name}/tests")
+    _pytest(session, "tests")
 
 
 @nox.session(python="3.11")
@@ -62,6 +69,46 @@ def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+def _kernels_pin() -> tuple[str, str]:
+    """(MIN, NEXT_MINOR) of tbl-loader's pin on tbl-kernels, read from its metadata."""
+    meta = tomllib.loads((PKG / "tbl-loader" / "pyproject.toml").read_text())
+    spec = next(d for d in meta["project"]["dependencies"] if d.startswith("tbl-kernels"))
+    low, high = re.search(r">=\s*([\d.]+)", spec), re.search(r"<\s*([\d.]+)", spec)
+    return low.group(1), high.group(1)
+
+
+def _kernels_in_tree_version() -> str:
+    text = (PKG / "tbl-kernels" / "src" / "tbl_kernels" / "__init__.py").read_text()
+    return re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M).group(1)
+
+
+@nox.session(python="3.11")
+@nox.parametrize("kernels", ["oldest", "newest"])
+def kernels_matrix(session: nox.Session, kernels: str) -> None:
+    """tbl-loader's tests against the oldest and the newest tbl-kernels its pin admits.
+
+    newest is the tree's tbl-kernels. oldest is the pin's MIN: the tree's own
+    sources when they are at MIN, otherwise the sources of the release tag
+    ``tbl-kernels-vMIN`` (exported with git archive, never a moving branch).
+    """
+    minimum, _ = _kernels_pin()
+    source = PKG / "tbl-kernels"
+    if kernels == "oldest" and _kernels_in_tree_version() != minimum:
+        tag = f"tbl-kernels-v{minimum}"
+        tmp = Path(session.create_tmp()) / tag
+        tmp.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", tag, "packages/tbl-kernels"], cwd=ROOT, capture_output=True)
+        if archive.returncode != 0:
+            session.error(f"cannot test the oldest supported kernels: git tag {tag} is missing")
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+        source = tmp / "packages" / "tbl-kernels"
+    session.install(TORCH, *TEST_DEPS, "scikit-image")
+    session.install(str(source))
+    _install_packages(session, ["tbl-format", "tbl-loader"])
+    session.run("python", "-c", "import tbl_kernels, tbl_loader; print('tbl-kernels', tbl_kernels.__version__)")
+    _pytest(session, "packages/tbl-loader/tests")
 
 
 @nox.session(python="3.11")

@@ -1,1 +1,69 @@
+"""tbl-format: the .tbl file format (SPEC.md), its streaming crash-safe writer, validating mmap reader and `tbl` CLI."""
+
+from __future__ import annotations
+
+from .dataset import Dataset, open
+from .errors import (
+    BadMagicError,
+    CompressionUnavailableError,
+    CorruptDataError,
+    DataChecksumError,
+    DatasetChangedError,
+    FormatError,
+    HeaderChecksumError,
+    HeaderFormatError,
+    HeaderTooLargeError,
+    InvalidSchemaError,
+    ManifestError,
+    ManifestMismatchError,
+    OffsetsError,
+    RegionAlignmentError,
+    RegionBoundsError,
+    SchemaMismatchError,
+    TableChecksumError,
+    TruncatedFileError,
+    UnknownCodecError,
+    UnsupportedVersionError,
+    V2LayoutError,
+)
+from .layout import FORMAT_VERSION
+from .manifest import merge_manifests
+from .schema import LEAF_KINDS, Leaf, Schema, infer_schema
+from .writer import Writer, write
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "BadMagicError",
+    "CompressionUnavailableError",
+    "CorruptDataError",
+    "DataChecksumError",
+    "Dataset",
+    "DatasetChangedError",
+    "FORMAT_VERSION",
+    "FormatError",
+    "HeaderChecksumError",
+    "HeaderFormatError",
+    "HeaderTooLargeError",
+    "InvalidSchemaError",
+    "LEAF_KINDS",
+    "Leaf",
+    "ManifestError",
+    "ManifestMismatchError",
+    "OffsetsError",
+    "RegionAlignmentError",
+    "RegionBoundsError",
+    "Schema",
+    "SchemaMismatchError",
+    "TableChecksumError",
+    "TruncatedFileError",
+    "UnknownCodecError",
+    "UnsupportedVersionError",
+    "V2LayoutError",
+    "Writer",
+    "__version__",
+    "infer_schema",
+    "merge_manifests",
+    "open",
+    "write",
+]

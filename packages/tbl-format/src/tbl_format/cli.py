@@ -1,0 +1,194 @@
+"""The `tbl` command: `tbl inspect PATH`, `tbl verify PATH`, plus subcommands from other packages.
+
+Other packages register subcommands through the entry-point group
+``tbl.commands``: each entry point names ``register(subparsers)``, which adds
+one subparser and sets ``func=callable(args) -> int`` as its default. A plugin
+that fails to load or register is reported on stderr and skipped; the core
+subcommands keep working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib.metadata import entry_points
+from typing import Any, TextIO
+
+from . import __version__
+from .dataset import open as open_dataset
+from .errors import FormatError
+from .layout import FORMAT_VERSION
+
+ENTRY_POINT_GROUP = "tbl.commands"
+
+__all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
+
+
+class _Progress:
+    """Progress to stderr: tqdm when importable, else a one-line stdlib printer redrawn at most 10 times a second."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.bar: Any = None
+        self.last = 0.0
+        self.shown = False
+        self.base = 0  # bytes of earlier shards
+        self.prev_total = 0
+        try:
+            import tqdm
+
+            self.tqdm: Any = tqdm.tqdm
+        except ImportError:
+            self.tqdm = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if total < (64 << 20):  # small files finish before a bar would help
+            return
+        if self.tqdm is not None:
+            if self.bar is None or self.bar.total != total:
+                self.close()
+                self.bar = self.tqdm(total=total, unit="B", unit_scale=True, desc=self.label, file=self.stream)
+            self.bar.update(done - self.bar.n)
+            return
+        now = time.monotonic()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        pct = 100.0 * done / total if total else 100.0
+        self.stream.write(f"\r{self.label}: {done / 2**20:,.0f}/{total / 2**20:,.0f} MiB ({pct:5.1f}%)")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.shown:
+            self.stream.write("\n")
+            self.shown = False
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _leaf_text(leaf: Any) -> str:
+    parts = [leaf.kind]
+    if leaf.dtype and leaf.kind != "image":
+        parts.append(leaf.dtype)
+    if leaf.shape is not None:
+        parts.append("x".join(map(str, leaf.shape)) or "()")
+    if leaf.ndim is not None:
+        parts.append(f"ndim={leaf.ndim}")
+    if leaf.format:
+        parts.append(leaf.format)
+    return " ".join(parts)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        ds = open_dataset(args.path)
+        out = sys.stdout
+        rows = len(ds)
+        shard_rows = ds.segment_rows
+        columns: dict[str, dict[str, int]] = {}
+        info: dict[str, Any] = {}
+        for k in range(len(shard_rows)):
+            info = ds.shard(k).describe()
+            for path, c in info.get("columns", {}).items():
+                acc = columns.setdefault(path, {"stored_bytes": 0, "raw_bytes": 0})
+                acc["stored_bytes"] += c.get("stored_bytes", 0)
+                acc["raw_bytes"] += c.get("raw_bytes", 0)
+                if c.get("compression"):
+                    acc["compression"] = c["compression"]
+    except FormatError as exc:
+        print(f"{args.path}: CORRUPT: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{args.path}: cannot read: {exc}", file=sys.stderr)
+        return 2
+    print(f"path:      {args.path}", file=out)
+    print(f"format:    {info.get('format', '?')} (this reader writes {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})", file=out)
+    print(f"rows:      {rows:,} in {len(shard_rows)} file(s)", file=out)
+    if "block_size" in info:
+        print(f"checksums: header, tables; data CRC-32 per {_fmt_bytes(info['block_size'])} block", file=out)
+    print("leaves:", file=out)
+    width = max((len(p) for p in ds.leaf_paths), default=4)
+    for path, leaf in ds.schema.leaves.items():
+        c = columns.get(path, {})
+        stored, raw = c.get("stored_bytes", 0), c.get("raw_bytes", 0)
+        extra = ""
+        if c.get("compression"):
+            extra = f"  {c['compression']} ratio {raw / stored if stored else 1.0:.2f}x"
+        print(f"  {path or '<root>':<{width}}  {_leaf_text(leaf):<28} {_fmt_bytes(stored):>10}{extra}", file=out)
+    print(f"metadata:  {json.dumps(ds.metadata, ensure_ascii=False, sort_keys=True)}", file=out)
+    ds.close()
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    progress = _Progress(f"verify {args.path}")
+    try:
+        ds = open_dataset(args.path)
+        ds.verify(progress)
+        rows = len(ds)
+        ds.close()
+    except FormatError as exc:
+        progress.close()
+        print(f"{args.path}: CORRUPT: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        progress.close()
+        print(f"{args.path}: cannot read: {exc}", file=sys.stderr)
+        return 2
+    progress.close()
+    print(f"{args.path}: OK ({rows:,} rows, every checksum verified)")
+    return 0
+
+
+def _load_plugins(subparsers: Any) -> None:
+    try:
+        eps = entry_points(group=ENTRY_POINT_GROUP)
+    except Exception as exc:  # a broken installation's metadata must not break the core commands
+        print(f"tbl: warning: cannot list {ENTRY_POINT_GROUP} entry points: {exc}", file=sys.stderr)
+        return
+    for ep in sorted(eps, key=lambda e: e.name):
+        try:
+            ep.load()(subparsers)
+        except Exception as exc:
+            print(f"tbl: warning: subcommand plugin {ep.name!r} ({ep.value}) failed: {exc!r}", file=sys.stderr)
+
+
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tbl", description="Inspect, verify and (with plugins) convert .tbl datasets.")
+    parser.add_argument("--version", action="version", version=f"tbl-format {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("inspect", help="schema, rows, bytes per column, compression, metadata")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("verify", help="check every checksum; exit 0 if intact, 1 if corrupt")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_verify)
+    if plugins:
+        _load_plugins(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

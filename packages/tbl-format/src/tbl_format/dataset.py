@@ -1,0 +1,239 @@
+"""Dataset: one .tbl file, a TBL v2 file, or a dataset directory, behind one API.
+
+A directory's shards are opened lazily on first access and at most
+``max_open`` of them are held open at once (least recently used dropped
+first). Dropping a shard never unmaps memory a caller still holds: a column
+view from ``segments()`` keeps its map alive until the view dies.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Iterator
+from operator import index as _index
+from pathlib import Path
+from typing import Any
+
+from .errors import DatasetChangedError, ManifestMismatchError
+from .manifest import read_manifest
+from .schema import Schema
+from .shard import Progress, Shard, fixed_leaf, open_file
+
+DEFAULT_MAX_OPEN = 64
+# In-order iteration decodes this many bytes' worth of rows per column batch.
+_CHUNK_BYTES = 4 << 20
+_CHUNK_MAX_ROWS = 4096
+
+__all__ = ["Dataset", "open"]
+
+
+def open(path: str | os.PathLike[str], *, verify: bool = False, max_open: int = DEFAULT_MAX_OPEN) -> Dataset:
+    """Open a .tbl file, a TBL v2 file or a dataset directory; validates headers now (and every checksum if verify)."""
+    ds = Dataset(path, verify=verify, max_open=max_open)
+    ds._open()
+    return ds
+
+
+def _restore(path: str, fingerprint: str, max_open: int) -> Dataset:
+    return Dataset(path, max_open=max_open, expect_fingerprint=fingerprint)
+
+
+class Dataset:
+    """Rows of a dataset as sample pytrees. Build with ``tbl_format.open``.
+
+    ``len(ds)``; ``ds[i]``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
+    ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.segment_rows``;
+    ``ds.verify()``; ``ds.close()``. Pickling keeps the path and the schema
+    fingerprint; the unpickled copy maps the files again on first use and
+    raises DatasetChangedError if the schema changed meanwhile.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify: bool = False,
+        max_open: int = DEFAULT_MAX_OPEN,
+        expect_fingerprint: str | None = None,
+    ) -> None:
+        if max_open < 1:
+            raise ValueError(f"max_open must be >= 1, got {max_open}")
+        self.path = Path(path)
+        self._verify_at_open = verify
+        self._max_open = max_open
+        self._expect = expect_fingerprint
+        self._opened = False
+        self._get = self._lazy_get
+        self._lock = threading.RLock()
+
+    # ---- opening --------------------------------------------------------------------------------
+    def _open(self) -> None:
+        self._shards: OrderedDict[int, Shard] = OrderedDict()
+        if self.path.is_dir():
+            m = read_manifest(self.path)
+            self._schema: Schema = m["schema"]
+            self._metadata: dict[str, Any] = m["metadata"]
+            self._entries = m["shards"]
+            self._files = [self.path / s["file"] for s in self._entries]
+            self._single = False
+        else:
+            shard = open_file(self.path, verify=self._verify_at_open)
+            self._schema, self._metadata = shard.schema, shard.metadata
+            self._entries = [{"file": self.path.name, "rows": shard.rows, "header_crc32": shard.header_crc32}]
+            self._files = [self.path]
+            self._shards[0] = shard
+            self._single = True
+        if self._expect is not None and self._expect != self._schema.fingerprint:
+            raise DatasetChangedError(f"{self.path}: schema changed since this dataset was pickled")
+        self._rows_per = [s["rows"] for s in self._entries]
+        self._starts = []
+        total = 0
+        for r in self._rows_per:
+            self._starts.append(total)
+            total += r
+        self._len = total
+        self._get = self._shards[0].get if self._single else self._get_multi
+        self._opened = True
+        if self._verify_at_open and not self._single:
+            self.verify()
+
+    def _ensure(self) -> None:
+        if not self._opened:
+            with self._lock:
+                if not self._opened:
+                    self._open()
+
+    def _lazy_get(self, i: Any) -> Any:
+        self._ensure()
+        return self._get(i)
+
+    def _shard(self, k: int) -> Shard:
+        with self._lock:  # loader threads share one dataset; the LRU order must stay consistent
+            shard = self._shards.get(k)
+            if shard is not None:
+                self._shards.move_to_end(k)
+                return shard
+            return self._open_shard(k)
+
+    def _open_shard(self, k: int) -> Shard:
+        shards = self._shards
+        entry = self._entries[k]
+        shard = open_file(self._files[k])
+        where = f"{self._files[k]}"
+        if shard.rows != entry["rows"]:
+            raise ManifestMismatchError(f"{where}: {shard.rows} rows, the manifest says {entry['rows']}")
+        if shard.header_crc32 != entry["header_crc32"]:
+            raise ManifestMismatchError(f"{where}: header CRC-32 differs from the manifest's")
+        if shard.schema != self._schema:
+            raise ManifestMismatchError(f"{where}: schema differs from the manifest's")
+        shards[k] = shard
+        # Dropping the reference is enough: the map closes once no view of it is alive.
+        while len(shards) > self._max_open:
+            shards.popitem(last=False)
+        return shard
+
+    # ---- rows -----------------------------------------------------------------------------------
+    def _get_multi(self, i: Any) -> Any:
+        if i.__class__ is not int:
+            i = _index(i)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(f"row {i} out of range for {self._len} rows")
+        k = bisect_right(self._starts, i) - 1
+        # Shards with zero rows share their start with the next shard; bisect_right lands past them.
+        return self._shard(k).get(i - self._starts[k])
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._get(i)
+
+    def __len__(self) -> int:
+        self._ensure()
+        return self._len
+
+    def _chunk_rows(self) -> int:
+        row = 0
+        for leaf in self._schema.leaves.values():
+            row += leaf.row_bytes if leaf.fixed_size else 64
+        return max(16, min(_CHUNK_MAX_ROWS, _CHUNK_BYTES // max(row, 1)))
+
+    def __iter__(self) -> Iterator[Any]:
+        self._ensure()
+        step = self._chunk_rows()
+        for k, rows in enumerate(self._rows_per):
+            if not rows:
+                continue
+            shard = self._shard(k)  # held here so LRU eviction elsewhere cannot drop it mid-iteration
+            for a in range(0, rows, step):
+                yield from shard.read_range(a, min(rows, a + step))
+
+    # ---- metadata -------------------------------------------------------------------------------
+    @property
+    def schema(self) -> Schema:
+        self._ensure()
+        return self._schema
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        self._ensure()
+        return self._metadata
+
+    @property
+    def leaf_paths(self) -> list[str]:
+        return list(self.schema.leaves)
+
+    @property
+    def segment_rows(self) -> list[int]:
+        self._ensure()
+        return list(self._rows_per)
+
+    @property
+    def files(self) -> list[Path]:
+        self._ensure()
+        return list(self._files)
+
+    def segments(self, leaf_path: str) -> list[Any]:
+        """Zero-copy (rows, *shape) column views of a fixed-size leaf, one per shard file."""
+        fixed_leaf(self.schema, leaf_path)
+        return [self._shard(k).column(leaf_path) for k in range(len(self._entries))]
+
+    def shard(self, k: int) -> Shard:
+        """The k-th shard file (opened if needed)."""
+        self._ensure()
+        return self._shard(k)
+
+    def verify(self, progress: Progress | None = None) -> None:
+        """Check every data-block checksum of every shard; raises a FormatError subclass on the first failure."""
+        self._ensure()
+        for k in range(len(self._entries)):
+            self._shard(k).verify(progress)
+
+    def close(self) -> None:
+        """Release every map this dataset holds. A later access opens the files again."""
+        if not self._opened:
+            return
+        with self._lock:
+            for shard in self._shards.values():
+                shard.close()
+            self._shards.clear()
+            self._opened = False
+            self._get = self._lazy_get
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        # A copy that was never opened passes its expected fingerprint on without mapping anything.
+        fingerprint = self._expect if not self._opened and self._expect else self.schema.fingerprint
+        return _restore, (str(self.path), fingerprint, self._max_open)
+
+    def __repr__(self) -> str:
+        if not self._opened:
+            return f"Dataset({str(self.path)!r}, not opened)"
+        return f"Dataset({str(self.path)!r}, rows={self._len}, shards={len(self._entries)})"

@@ -1,0 +1,96 @@
+"""The per-file interface a Dataset uses for each shard file.
+
+``Dataset`` (dataset.py) never parses a file itself: it opens each shard through
+``open_file(path)``, which dispatches on the first four bytes (``\\x89TBL`` ->
+``TblFile`` in reader.py, ``TBL\\x02`` -> ``tbl_format.v2.open_v2``), and talks to
+the result only through the ``Shard`` methods below. A reader for another
+layout subclasses ``Shard`` and implements the abstract members; the defaults
+of ``read_range`` and ``describe`` work for any subclass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import BadMagicError, TruncatedFileError
+from .schema import Leaf, Schema
+
+#: Progress callback of verify(): called with (bytes checked so far, bytes to check).
+Progress = Callable[[int, int], None]
+
+
+class Shard:
+    """One open file of a dataset.
+
+    Attributes: ``path`` (Path), ``rows`` (int), ``schema`` (Schema),
+    ``metadata`` (dict), ``header_crc32`` (int: the checksum a manifest records
+    for this file; any stable checksum of the file's header).
+
+    ``get(i)`` returns row ``i`` (``0 <= i < rows``; negative indices count
+    from the end; anything else raises IndexError) as a sample pytree.
+    ``column(path)`` returns the zero-copy (rows, *shape) view of a fixed-size
+    leaf. ``verify(progress)`` checks every data checksum and raises a
+    FormatError subclass on the first failure. ``close()`` releases the map;
+    views handed out earlier keep it alive until they die.
+    """
+
+    path: Path
+    rows: int
+    schema: Schema
+    metadata: dict[str, Any]
+    header_crc32: int
+
+    def get(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def read_range(self, start: int, stop: int) -> list[Any]:
+        """Rows start..stop-1 as a list of samples (readers override this with a batched decoder)."""
+        get = self.get
+        return [get(i) for i in range(start, stop)]
+
+    def column(self, leaf_path: str) -> Any:
+        raise NotImplementedError
+
+    def verify(self, progress: Progress | None = None) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for `tbl inspect`: {"format": ..., "columns": {path: {"stored_bytes", "raw_bytes", ...}}}."""
+        return {"format": type(self).__name__, "columns": {}}
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def fixed_leaf(schema: Schema, leaf_path: str) -> Leaf:
+    """The Leaf at leaf_path, which must be fixed-size (KeyError / ValueError otherwise)."""
+    try:
+        leaf = schema.leaves[leaf_path]
+    except KeyError:
+        raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(schema.leaves)}") from None
+    if not leaf.fixed_size:
+        raise ValueError(f"leaf {leaf_path!r} is {leaf.kind}, not fixed-size: it has no column view")
+    return leaf
+
+
+def open_file(path: str | Path, *, verify: bool = False) -> Shard:
+    """Open one file, dispatching on its magic."""
+    from .reader import MAGIC, TblFile
+
+    path = Path(path)
+    with path.open("rb") as f:
+        head = f.read(8)
+    if head[:4] == b"TBL\x02":
+        from .v2 import open_v2
+
+        shard = open_v2(path)
+        if verify:
+            shard.verify()
+        return shard
+    if head == MAGIC:
+        return TblFile(path, verify=verify)
+    if len(head) < 8 and MAGIC.startswith(head):
+        raise TruncatedFileError(f"{path}: {len(head)} bytes, shorter than the magic")
+    raise BadMagicError(f"{path}: not a TBL file (starts with {head!r})")

@@ -1,0 +1,182 @@
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+import tbl_format as tf
+from tbl_format import Leaf, Schema
+
+
+def rows(a, b):
+    return [{"i": i, "s": f"s{i}", "v": [float(i), float(-i)]} for i in range(a, b)]
+
+
+def test_directory_dataset_global_index(tmp_path, numpy_mode):
+    d = tf.write(rows(0, 23), tmp_path / "ds", shard_rows=5)
+    ds = tf.open(d)
+    assert len(ds) == 23 and ds.segment_rows == [5, 5, 5, 5, 3]
+    assert [ds[i] for i in range(23)] == rows(0, 23) == list(ds)
+    assert ds[-1] == rows(22, 23)[0]
+    with pytest.raises(IndexError):
+        ds[23]
+    segs = ds.segments("i")
+    assert [len(s) for s in segs] == [5, 5, 5, 5, 3] and segs[1].tolist() == [5, 6, 7, 8, 9]
+    with pytest.raises(ValueError, match="not fixed-size"):
+        ds.segments("s")
+    with pytest.raises(KeyError):
+        ds.segments("nope")
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["rows"] == 23 and len(manifest["shards"]) == 5
+    ds.verify()
+
+
+def test_lazy_open_and_lru_bound(tmp_path):
+    d = tf.write(rows(0, 40), tmp_path / "ds", shard_rows=4)
+    ds = tf.open(d, max_open=3)
+    assert len(ds._shards) == 0  # nothing mapped before the first access
+    ds[0]
+    assert len(ds._shards) == 1
+    view = ds.segments("i")[0]  # touches all ten shards; only three stay held
+    assert len(ds._shards) == 3
+    assert [ds[i]["i"] for i in range(0, 40, 3)] == list(range(0, 40, 3))
+    assert list(view) == [0, 1, 2, 3]  # an evicted shard's view stays valid
+    ds.close()
+    assert ds[5]["i"] == 5  # reopens lazily
+
+
+def test_pickle_directory_dataset(tmp_path):
+    ds = tf.open(tf.write(rows(0, 10), tmp_path / "ds", shard_rows=3))
+    ds2 = pickle.loads(pickle.dumps(ds))
+    assert ds2[9] == ds[9] and list(ds2) == rows(0, 10)
+
+
+def test_zero_row_shards(tmp_path):
+    schema = Schema({"i": Leaf("int"), "s": Leaf("str"), "v": [Leaf("float"), Leaf("float")]})
+    a = tf.write(rows(0, 3), tmp_path / "a.tbl")
+    empty = tf.write([], tmp_path / "e.tbl", schema=schema)
+    b = tf.write(rows(3, 5), tmp_path / "b.tbl")
+    ds = tf.open(tf.merge_manifests([empty, a, empty, b], tmp_path / "m"))
+    assert ds.segment_rows == [0, 3, 0, 2]
+    assert [ds[i] for i in range(5)] == rows(0, 5) == list(ds)
+
+
+def test_merge_parts(tmp_path):
+    p0 = tf.write(rows(0, 7), tmp_path / "p0", shard_rows=3, metadata={"classes": ["a"]})
+    p1 = tf.write(rows(7, 9), tmp_path / "p1", shard_rows=3, metadata={"classes": ["a"]})
+    before = sorted(p.read_bytes() for p in p0.glob("*.tbl"))
+    out = tf.merge_manifests([p0, p1], tmp_path / "all")
+    ds = tf.open(out)
+    assert list(ds) == rows(0, 9) and ds.metadata == {"classes": ["a"]} and ds.segment_rows == [3, 3, 1, 2]
+    assert sorted(p.read_bytes() for p in p0.glob("*.tbl")) == before  # parts untouched
+    shard = next(out.glob("*.tbl"))
+    assert shard.stat().st_nlink == 2  # hard link, not a copy
+    with pytest.raises(FileExistsError):
+        tf.merge_manifests([p0], out)
+
+
+def test_merge_parts_inside_destination(tmp_path):
+    root = tmp_path / "out"
+    root.mkdir()
+    tf.write(rows(0, 4), root / "part-0", shard_rows=3)
+    tf.write(rows(4, 6), root / "part-1", shard_rows=3)
+    tf.merge_manifests([root / "part-0", root / "part-1"], root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert all(s["file"].startswith("part-") and "/" in s["file"] for s in manifest["shards"])
+    assert list(tf.open(root)) == rows(0, 6)
+
+
+def test_merge_rejects_schema_or_metadata_mismatch(tmp_path):
+    p0 = tf.write(rows(0, 2), tmp_path / "p0.tbl")
+    p1 = tf.write([{"i": 1}], tmp_path / "p1.tbl")
+    with pytest.raises(tf.SchemaMismatchError, match="p1.tbl"):
+        tf.merge_manifests([p0, p1], tmp_path / "m")
+    p2 = tf.write(rows(0, 2), tmp_path / "p2.tbl", metadata={"x": 1})
+    with pytest.raises(tf.SchemaMismatchError, match="metadata"):
+        tf.merge_manifests([p0, p2], tmp_path / "m")
+
+
+def test_manifest_validation(tmp_path):
+    d = tf.write(rows(0, 6), tmp_path / "ds", shard_rows=3)
+    m = d / "manifest.json"
+    good = json.loads(m.read_text())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(tf.ManifestError, match="not a dataset"):
+        tf.open(tmp_path / "empty")
+    for mutate, err in [
+        (lambda b: b.update(rows=7), tf.ManifestError),
+        (lambda b: b["shards"][0].update(file="../x.tbl"), tf.ManifestError),
+        (lambda b: b["shards"][0].update(file="/etc/passwd"), tf.ManifestError),
+        (lambda b: b["shards"][0].update(rows=-1), tf.ManifestError),
+        (lambda b: b.update(tbl_manifest=[9, 0]), tf.UnsupportedVersionError),
+        (lambda b: b.update(schema={"leaf": {"kind": "nope"}}), tf.InvalidSchemaError),
+    ]:
+        body = json.loads(json.dumps(good))
+        mutate(body)
+        m.write_text(json.dumps(body))
+        with pytest.raises(err):
+            tf.open(d)
+    m.write_text("{not json")
+    with pytest.raises(tf.ManifestError):
+        tf.open(d)
+    # A shard that disagrees with the manifest is caught when it is first opened.
+    body = json.loads(json.dumps(good))
+    body["shards"][0]["rows"], body["shards"][1]["rows"] = 2, 4
+    m.write_text(json.dumps(body))
+    ds = tf.open(d)
+    with pytest.raises(tf.ManifestMismatchError):
+        ds[0]
+    body = json.loads(json.dumps(good))
+    body["shards"][1]["header_crc32"] ^= 1
+    m.write_text(json.dumps(body))
+    with pytest.raises(tf.ManifestMismatchError, match="CRC"):
+        tf.open(d)[4]
+
+
+def test_compression_round_trip(tmp_path):
+    pytest.importorskip("lz4")
+    np = pytest.importorskip("numpy")
+    schema = Schema({"s": Leaf("str"), "b": Leaf("bytes"), "r": Leaf("var_array", dtype="float32", ndim=1),
+                     "i": Leaf("int"), "img": Leaf("image", shape=(2, 2, 3))})
+    data = [{"s": "text " * (i % 50), "b": bytes(range(i % 256)) * 3, "r": np.arange(i % 40, dtype=np.float32),
+             "i": i, "img": np.full((2, 2, 3), i % 256, np.uint8)} for i in range(3000)]
+    path = tf.write(data, tmp_path / "c.tbl", schema=schema, compression="lz4")
+    plain = tf.write(data, tmp_path / "p.tbl", schema=schema)
+    assert path.stat().st_size < plain.stat().st_size / 2
+    ds = tf.open(path, verify=True)
+    for i in (0, 1, 1234, 2999, 17, 2000):
+        assert ds[i]["s"] == data[i]["s"] and ds[i]["b"] == data[i]["b"]
+        assert np.array_equal(ds[i]["r"], data[i]["r"])
+    got = list(ds)
+    assert [g["s"] for g in got] == [d["s"] for d in data] and [g["b"] for g in got] == [d["b"] for d in data]
+    assert np.array_equal(ds.segments("img")[0][5], data[5]["img"])  # raw image column stays uncompressed
+    info = ds.shard(0).describe()["columns"]
+    assert info["s"]["compression"] == "lz4" and info["s"]["raw_bytes"] > info["s"]["stored_bytes"]
+    assert "compression" not in info["img"]
+
+
+def test_compressed_block_corruption(tmp_path, hdr):
+    pytest.importorskip("lz4")
+    path = tf.write([{"s": "abc" * (i % 100)} for i in range(2000)], tmp_path / "c.tbl", compression="lz4")
+    heap = hdr.read(path)["columns"][0]["regions"]["heap"]
+    raw = bytearray(path.read_bytes())
+    for k in range(heap["offset"] + 10, heap["offset"] + heap["size"], 97):
+        raw[k] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    ds = tf.open(path)
+    with pytest.raises(tf.DataChecksumError):
+        ds.verify()
+    with pytest.raises(tf.FormatError):
+        list(ds)
+
+
+def test_closed_file_reads_fail_clearly(tmp_path):
+    ds = tf.open(tf.write(rows(0, 5), tmp_path / "a.tbl"))
+    it = iter(ds)
+    next(it)
+    shard = ds.shard(0)
+    ds.close()
+    with pytest.raises(ValueError, match="closed"):
+        shard.get(0)
+    assert ds[2] == rows(2, 3)[0]  # the dataset itself maps again on demand
