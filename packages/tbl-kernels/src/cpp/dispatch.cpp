@@ -1,0 +1,62 @@
+#include "dispatch.hpp"
+
+#include <atomic>
+#if TBL_HAVE_AVX2
+#include <cpuid.h>
+#endif
+
+namespace tbl {
+namespace {
+
+bool cpu_has_avx2() {
+#if TBL_HAVE_AVX2
+    __builtin_cpu_init();
+    // The avx2 level also uses F16C (float16 conversion), present on every AVX2 CPU
+    // in practice but checked anyway.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    return __builtin_cpu_supports("avx2") && f16c;
+#else
+    return false;
+#endif
+}
+
+const IsaKernels* lookup(const std::string& name) {
+    if (name == "scalar") return &isa_scalar();
+    if (name == "baseline") return &isa_baseline();
+#if TBL_HAVE_AVX2
+    if (name == "avx2" && cpu_has_avx2()) return &isa_avx2();
+#endif
+    if (name == "auto") return lookup(available_simd_levels().back());
+    return nullptr;
+}
+
+std::atomic<const IsaKernels*> active{nullptr};
+
+}  // namespace
+
+std::vector<std::string> available_simd_levels() {
+    std::vector<std::string> levels = {"scalar", "baseline"};
+    if (cpu_has_avx2()) levels.emplace_back("avx2");
+    return levels;
+}
+
+const IsaKernels& active_kernels() {
+    const IsaKernels* k = active.load(std::memory_order_acquire);
+    if (k == nullptr) {
+        k = lookup("auto");
+        active.store(k, std::memory_order_release);
+    }
+    return *k;
+}
+
+bool set_simd_level(const std::string& name) {
+    const IsaKernels* k = lookup(name);
+    if (k == nullptr) return false;
+    active.store(k, std::memory_order_release);
+    return true;
+}
+
+std::string simd_level() { return active_kernels().name; }
+
+}  // namespace tbl

@@ -1,0 +1,213 @@
+"""tbl_kernels: fused gather / flip / crop-resize / normalize kernels over raw uint8 buffers.
+
+Every kernel writes into a caller-provided output, checks every index and box
+before writing anything, releases the GIL and runs over the batch on one
+persistent thread pool (see ``set_num_threads``). ``tbl_kernels.reference``
+holds a pure-numpy implementation of each kernel with bit-identical results.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from .tables import affine_hint, normalization_table
+
+__version__ = "0.1.0"
+KERNELS_ABI = 1  # bumped on any binding change; the compiled module must agree
+
+__all__ = [
+    "KERNELS_ABI",
+    "__version__",
+    "gather_crop_resize",
+    "gather_normalize",
+    "gather_rows",
+    "gather_u8",
+    "get_num_threads",
+    "normalization_table",
+    "set_num_threads",
+    "set_simd",
+    "simd_level",
+    "simd_levels",
+]
+
+if _core.KERNELS_ABI != KERNELS_ABI:
+    raise ImportError(
+        f"tbl_kernels: compiled module has KERNELS_ABI {_core.KERNELS_ABI} but the Python package expects "
+        f"{KERNELS_ABI}; reinstall with: pip install --force-reinstall tbl-kernels=={__version__}"
+    )
+
+
+def set_num_threads(n: int) -> None:
+    """Size the persistent worker pool used by every kernel (1 = run on the calling thread)."""
+    _core.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    """Number of threads the kernels use (default: ``os.cpu_count()``)."""
+    return _core.get_num_threads()
+
+
+def simd_levels() -> list[str]:
+    """Instruction-set levels this build and this CPU can run, slowest first."""
+    return list(_core.simd_levels())
+
+
+def simd_level() -> str:
+    """The instruction-set level the kernels use now."""
+    return _core.simd_level()
+
+
+def set_simd(level: str) -> None:
+    """Select the instruction-set level: ``"auto"``, or one of ``simd_levels()``.
+
+    Every level produces identical bits; this exists to test and measure them.
+    The environment variable ``TBL_KERNELS_SIMD`` sets it at import.
+    """
+    _core.set_simd(level)
+
+
+def _check_array(name: str, a: Any) -> None:
+    # Cheap, readable checks for numpy arrays; the binding enforces the same rules
+    # for every array-like (torch tensors arrive through DLPack).
+    if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
+
+
+def _check_out(out: Any) -> None:
+    _check_array("out", out)
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ValueError("out is read-only")
+
+
+def _check_sources(sources: Sequence[Any]) -> list[Any]:
+    if isinstance(sources, np.ndarray) or not isinstance(sources, Sequence):
+        raise TypeError(f"sources must be a list of uint8 arrays, got {type(sources).__name__}")
+    for k, s in enumerate(sources):
+        _check_array(f"sources[{k}]", s)
+        if isinstance(s, np.ndarray) and s.dtype != np.uint8:
+            raise TypeError(f"sources[{k}] has dtype {s.dtype}; expected uint8")
+    return list(sources)
+
+
+def _check_indices(indices: Any) -> None:
+    _check_array("indices", indices)
+    if isinstance(indices, np.ndarray) and (indices.dtype != np.int64 or indices.ndim != 1):
+        raise TypeError(
+            f"indices must be a 1-D int64 array, got dtype {indices.dtype} and shape {indices.shape}"
+        )
+
+
+def _layout(layout: str | None, out: Any, channels: int | None) -> str:
+    """Resolve ``layout=None`` from out's shape: (B, C, H, W) is CHW, (B, H, W, C) is HWC."""
+    if layout is not None:
+        if layout not in ("CHW", "HWC"):
+            raise ValueError(f"layout must be 'CHW', 'HWC' or None, got {layout!r}")
+        return layout
+    shape = tuple(out.shape)
+    if len(shape) != 4 or channels is None:
+        return "CHW"  # the binding reports the shape error
+    chw, hwc = shape[1] == channels, shape[3] == channels
+    if chw and hwc:
+        raise ValueError(
+            f"out shape {shape} fits both CHW and HWC for {channels}-channel images: pass layout="
+        )
+    return "HWC" if hwc else "CHW"
+
+
+def _channels(sources: list[Any]) -> int | None:
+    return int(sources[0].shape[-1]) if sources and len(sources[0].shape) == 4 else None
+
+
+def gather_normalize(
+    sources: Sequence[Any],
+    indices: Any,
+    out: Any,
+    table: Any,
+    flip: Any = None,
+    layout: str | None = None,
+) -> None:
+    """Gather images, optionally flip them horizontally, and normalize them through ``table``.
+
+    ``sources``: list of C-contiguous uint8 arrays ``(N_k, H, W, C)``, C in {1, 3},
+    read-only arrays accepted; ``indices`` (int64, shape ``(B,)``) address their
+    concatenation. ``out``: ``(B, C, H, W)`` (CHW) or ``(B, H, W, C)`` (HWC), dtype
+    matching ``table`` (from ``normalization_table``): float32 table -> float32 out,
+    float16 -> float16, uint16 (bfloat16 bits) -> uint16, int16 or bfloat16 out.
+    ``flip``: optional uint8/bool ``(B,)`` mask. ``layout``: ``"CHW"``, ``"HWC"`` or
+    None to take it from out's shape. ``out[b] = table[c, sources[indices[b]]]``.
+    """
+    sources = _check_sources(sources)
+    _check_indices(indices)
+    _check_out(out)
+    _core.gather_normalize(
+        sources, indices, out, table, flip, _layout(layout, out, _channels(sources)), affine_hint(table)
+    )
+
+
+def gather_u8(
+    sources: Sequence[Any], indices: Any, out: Any, flip: Any = None, layout: str | None = None
+) -> None:
+    """Like ``gather_normalize`` without the table: uint8 ``out``, gather + flip + layout only."""
+    sources = _check_sources(sources)
+    _check_indices(indices)
+    _check_out(out)
+    _core.gather_u8(sources, indices, out, flip, _layout(layout, out, _channels(sources)))
+
+
+def gather_crop_resize(
+    sources: Sequence[Any],
+    indices: Any,
+    boxes: Any,
+    out: Any,
+    table: Any = None,
+    flip: Any = None,
+    layout: str | None = None,
+) -> None:
+    """Gather, crop ``boxes``, resize to out's (OH, OW), flip, then normalize (or keep uint8).
+
+    ``boxes``: int32 ``(B, 4)`` rows of ``(top, left, height, width)`` in source
+    pixels, each non-empty and inside the image. Resampling is separable and
+    fixed-point (the exact rule is in the package README, "Crop-resize rule"):
+    per axis, triangle-filter weights with support ``max(in/out, 1)`` computed in
+    float64 over the box only (the box edge is the image edge), quantized to
+    ``floor(w * 2**14 + 0.5)``; a vertical pass then a horizontal pass, each
+    summing ``coef * pixel`` in integers and rounding ``(acc + 2**13) >> 14``,
+    clamped to 0..255 (so the intermediate is uint8). The flip is applied to the
+    resized image; ``table=None`` writes uint8.
+    """
+    sources = _check_sources(sources)
+    _check_indices(indices)
+    _check_array("boxes", boxes)
+    if isinstance(boxes, np.ndarray) and (boxes.dtype != np.int32 or boxes.ndim != 2):
+        raise TypeError(
+            f"boxes must be a 2-D int32 array (B, 4), got dtype {boxes.dtype} and shape {boxes.shape}"
+        )
+    _check_out(out)
+    _core.gather_crop_resize(
+        sources,
+        indices,
+        boxes,
+        out,
+        table,
+        flip,
+        _layout(layout, out, _channels(sources)),
+        affine_hint(table),
+    )
+
+
+def gather_rows(sources: Sequence[Any], indices: Any, out: Any) -> None:
+    """Copy row ``indices[b]`` of the concatenated uint8 ``(N_k, rowbytes)`` sources into ``out[b]``."""
+    sources = _check_sources(sources)
+    _check_indices(indices)
+    _check_out(out)
+    _core.gather_rows(sources, indices, out)
+
+
+_simd_env = os.environ.get("TBL_KERNELS_SIMD")
+if _simd_env:
+    set_simd(_simd_env)

@@ -1,0 +1,167 @@
+"""Pure-numpy reference implementations of every kernel (bit-identical results).
+
+Same signatures and output conventions as the compiled kernels in ``tbl_kernels``;
+each writes into ``out`` and returns it. They exist to define and test the
+kernels, not to be fast. Only simple validation is done here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .tables import normalization_table
+
+__all__ = [
+    "PRECISION_BITS",
+    "crop_resize_u8",
+    "gather_crop_resize",
+    "gather_normalize",
+    "gather_rows",
+    "gather_u8",
+    "normalization_table",
+    "resample_matrix",
+    "resample_weights",
+]
+
+PRECISION_BITS = 14  # fixed-point bits of the resampling coefficients
+
+
+def _concat_lookup(sources: Sequence[np.ndarray], indices: np.ndarray) -> np.ndarray:
+    """Rows ``indices`` of the concatenation of ``sources`` (a copy)."""
+    indices = np.asarray(indices)
+    ends = np.cumsum([len(s) for s in sources])
+    total = int(ends[-1]) if len(ends) else 0
+    bad = np.flatnonzero((indices < 0) | (indices >= total))
+    if bad.size:
+        b = int(bad[0])
+        raise IndexError(f"indices[{b}] = {int(indices[b])} is out of range for {total} samples")
+    seg = np.searchsorted(ends, indices, side="right")
+    starts = np.concatenate([[0], ends[:-1]])
+    rows = [sources[int(s)][int(i - starts[s])] for s, i in zip(seg, indices, strict=True)]
+    if not rows:
+        return np.empty((0, *sources[0].shape[1:]), dtype=sources[0].dtype)
+    return np.stack(rows)
+
+
+def _layout_of(out: np.ndarray, channels: int, layout: str | None) -> str:
+    if layout is not None:
+        return layout
+    chw, hwc = out.shape[1] == channels, out.shape[3] == channels
+    if chw and hwc:
+        raise ValueError(f"out shape {out.shape} fits both CHW and HWC: pass layout=")
+    return "HWC" if hwc else "CHW"
+
+
+def _finish(
+    images: np.ndarray, out: np.ndarray, table: np.ndarray | None, flip, layout: str | None
+) -> np.ndarray:
+    """Flip, map through table, and write HWC uint8 ``images`` into ``out``."""
+    channels = images.shape[-1]
+    layout = _layout_of(out, channels, layout)
+    if flip is not None:
+        mask = np.asarray(flip).astype(bool)
+        images = images.copy()
+        images[mask] = images[mask][:, :, ::-1]
+    if table is not None:
+        values = np.asarray(table)[np.arange(channels), images]  # (B, H, W, C), table dtype
+    else:
+        values = images
+    if layout == "CHW":
+        values = values.transpose(0, 3, 1, 2)
+    out.view(values.dtype)[...] = values
+    return out
+
+
+def gather_normalize(sources, indices, out, table, flip=None, layout=None) -> np.ndarray:
+    """``out[b] = table[c, sources[indices[b]]]`` after the optional flip, in CHW or HWC."""
+    return _finish(_concat_lookup(sources, indices), out, table, flip, layout)
+
+
+def gather_u8(sources, indices, out, flip=None, layout=None) -> np.ndarray:
+    """Gather + flip + layout, uint8 output."""
+    return _finish(_concat_lookup(sources, indices), out, None, flip, layout)
+
+
+def gather_rows(sources, indices, out) -> np.ndarray:
+    """``out[b] = concat(sources)[indices[b]]`` for uint8 ``(N_k, rowbytes)`` sources."""
+    out[...] = _concat_lookup(sources, indices)
+    return out
+
+
+def resample_weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output first input position and integer coefficients for one axis.
+
+    Returns ``(xmin, coef)``: ``xmin`` int64 ``(out_size,)`` and ``coef`` int64
+    ``(out_size, window)``; output ``o`` is ``sum_k coef[o, k] * in[xmin[o] + k]``
+    (entries past the clamped support are 0). The float64 operations are exactly
+    those of the compiled kernel (see README, "Crop-resize rule").
+    """
+    if in_size < 1 or out_size < 1:
+        raise ValueError(f"sizes must be >= 1, got in_size={in_size} out_size={out_size}")
+    scale = float(in_size) / float(out_size)
+    filterscale = max(scale, 1.0)
+    support = 1.0 * filterscale
+    ss = 1.0 / filterscale
+    window = int(np.ceil(support)) * 2 + 1
+    center = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    xmin = np.maximum(np.floor(center - support + 0.5), 0).astype(np.int64)
+    xmax = np.minimum(np.floor(center + support + 0.5), in_size).astype(np.int64)
+    count = xmax - xmin
+    weights = np.zeros((out_size, window), dtype=np.float64)
+    total = np.zeros(out_size, dtype=np.float64)
+    for x in range(window):  # sequential sum over taps, as in the kernel
+        valid = x < count
+        t = np.abs(((x + xmin).astype(np.float64) - center + 0.5) * ss)
+        w = np.where(valid & (t < 1.0), 1.0 - t, 0.0)
+        weights[:, x] = w
+        total = total + w
+    nonzero = total != 0.0
+    normalized = np.where(nonzero[:, None], weights / np.where(nonzero, total, 1.0)[:, None], weights)
+    coef = np.floor(normalized * float(1 << PRECISION_BITS) + 0.5).astype(np.int64)
+    return xmin, coef
+
+
+def resample_matrix(in_size: int, out_size: int) -> np.ndarray:
+    """Dense ``(out_size, in_size)`` int64 matrix of the fixed-point coefficients."""
+    xmin, coef = resample_weights(in_size, out_size)
+    m = np.zeros((out_size, in_size + coef.shape[1]), dtype=np.int64)
+    rows = np.arange(out_size)[:, None]
+    m[rows, xmin[:, None] + np.arange(coef.shape[1])[None, :]] = coef
+    assert not m[:, in_size:].any()  # the support never leaves the input
+    return m[:, :in_size]
+
+
+def _round_shift(acc: np.ndarray) -> np.ndarray:
+    half = 1 << (PRECISION_BITS - 1)
+    return np.clip((acc + half) >> PRECISION_BITS, 0, 255).astype(np.uint8)
+
+
+def crop_resize_u8(image: np.ndarray, box, out_h: int, out_w: int) -> np.ndarray:
+    """Crop ``box`` = (top, left, height, width) of an HWC uint8 image and resize it to (out_h, out_w).
+
+    Vertical pass, uint8 rounding, horizontal pass, uint8 rounding. The sums are
+    done as float64 matrix products: every term and partial sum is an integer far
+    below 2**53, so they are exact in any summation order.
+    """
+    top, left, h, w = (int(v) for v in box)
+    crop = image[top : top + h, left : left + w].astype(np.float64)  # (h, w, C)
+    mv = resample_matrix(h, out_h).astype(np.float64)
+    mh = resample_matrix(w, out_w).astype(np.float64)
+    vpass = _round_shift(np.einsum("oy,ywc->owc", mv, crop).astype(np.int64))
+    hpass = _round_shift(np.einsum("px,oxc->opc", mh, vpass.astype(np.float64)).astype(np.int64))
+    return hpass
+
+
+def gather_crop_resize(sources, indices, boxes, out, table=None, flip=None, layout=None) -> np.ndarray:
+    """Gather, crop-resize each ``boxes[b]`` to out's size, flip, map through ``table`` (or uint8)."""
+    images = _concat_lookup(sources, indices)
+    channels = images.shape[-1]
+    layout = _layout_of(out, channels, layout)
+    oh, ow = (out.shape[2], out.shape[3]) if layout == "CHW" else (out.shape[1], out.shape[2])
+    boxes = np.asarray(boxes)
+    resized = np.empty((len(images), oh, ow, channels), dtype=np.uint8)
+    for b in range(len(images)):
+        resized[b] = crop_resize_u8(images[b], boxes[b], oh, ow)
+    return _finish(resized, out, table, flip, layout)

@@ -1,0 +1,184 @@
+import mmap
+
+import numpy as np
+import pytest
+from conftest import all_values_images, split_sources
+
+import tbl_kernels as tk
+from tbl_kernels import reference as ref
+
+MEAN3, STD3 = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+# (table dtype name, out dtype)
+OUT_DTYPES = [
+    ("float32", np.float32),
+    ("float16", np.float16),
+    ("bfloat16", np.uint16),
+    ("bfloat16", np.int16),
+]
+
+
+def _table(dtype_name: str, c: int) -> np.ndarray:
+    return tk.normalization_table(MEAN3[:c], STD3[:c], dtype_name)
+
+
+def _out(b, h, w, c, layout, dtype):
+    shape = (b, c, h, w) if layout == "CHW" else (b, h, w, c)
+    return np.full(shape, 77, dtype=dtype)
+
+
+@pytest.mark.parametrize("c", [1, 3])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+@pytest.mark.parametrize("table_dtype,out_dtype", OUT_DTYPES)
+def test_gather_normalize_matches_reference(simd, threads, c, layout, table_dtype, out_dtype):
+    rng = np.random.default_rng(hash((c, layout, table_dtype, str(out_dtype), threads)) % 2**32)
+    h, w = int(rng.integers(16, 24)), int(rng.integers(17, 26)) | 1  # odd widths
+    images = all_values_images(rng, 9, h, w, c)
+    sources = split_sources(images, rng)
+    b = 13
+    indices = rng.integers(0, len(images), size=b).astype(np.int64)
+    table = _table(table_dtype, c)
+    for flip in (None, rng.integers(0, 2, size=b).astype(np.uint8), rng.integers(0, 2, size=b).astype(bool)):
+        out = _out(b, h, w, c, layout, out_dtype)
+        want = _out(b, h, w, c, layout, out_dtype)
+        tk.gather_normalize(sources, indices, out, table, flip=flip, layout=layout)
+        ref.gather_normalize(sources, indices, want, table, flip=flip, layout=layout)
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("c", [1, 3])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+def test_gather_u8_matches_reference(simd, threads, c, layout):
+    rng = np.random.default_rng(c * 10 + len(layout) + threads)
+    h, w = 16, 21
+    images = all_values_images(rng, 7, h, w, c)
+    sources = split_sources(images, rng)
+    indices = rng.integers(0, len(images), size=11).astype(np.int64)
+    for flip in (None, rng.integers(0, 2, size=11).astype(np.uint8)):
+        out, want = _out(11, h, w, c, layout, np.uint8), _out(11, h, w, c, layout, np.uint8)
+        tk.gather_u8(sources, indices, out, flip=flip, layout=layout)
+        ref.gather_u8(sources, indices, want, flip=flip, layout=layout)
+        assert np.array_equal(out, want)
+
+
+def test_gather_normalize_values_are_the_table():
+    # Independent of the reference: every output value is table[c, pixel].
+    rng = np.random.default_rng(5)
+    images = all_values_images(rng, 2, 16, 16, 3)
+    table = _table("float32", 3)
+    out = np.empty((2, 3, 16, 16), np.float32)
+    tk.gather_normalize([images], np.array([1, 0]), out, table)
+    for c in range(3):
+        assert np.array_equal(out[0, c], table[c][images[1, :, :, c]])
+    flip = np.array([1, 0], np.uint8)
+    tk.gather_normalize([images], np.array([1, 0]), out, table, flip=flip)
+    assert np.array_equal(out[0, 2], table[2][images[1, :, ::-1, 2]])
+
+
+def test_layout_is_inferred_from_out_shape():
+    rng = np.random.default_rng(6)
+    images = rng.integers(0, 256, size=(4, 8, 10, 3), dtype=np.uint8)
+    idx = np.array([3, 1], np.int64)
+    table = _table("float32", 3)
+    hwc = np.empty((2, 8, 10, 3), np.float32)
+    chw = np.empty((2, 3, 8, 10), np.float32)
+    tk.gather_normalize([images], idx, hwc, table)
+    tk.gather_normalize([images], idx, chw, table)
+    assert np.array_equal(hwc.transpose(0, 3, 1, 2), chw)
+    square = rng.integers(0, 256, size=(2, 3, 3, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="pass layout"):
+        tk.gather_normalize([square], idx[:1] * 0, np.empty((1, 3, 3, 3), np.float32), table)
+
+
+def test_read_only_sources_are_accepted(tmp_path):
+    rng = np.random.default_rng(7)
+    images = rng.integers(0, 256, size=(5, 8, 9, 3), dtype=np.uint8)
+    path = tmp_path / "img.bin"
+    images.tofile(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r", shape=images.shape)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        fb = np.frombuffer(m, dtype=np.uint8).reshape(images.shape)
+        idx = np.array([4, 0, 2], np.int64)
+        out = np.empty((3, 3, 8, 9), np.uint8)
+        tk.gather_u8([mm, fb], np.array([4, 5, 7], np.int64), out)
+        assert np.array_equal(out, images[[4, 0, 2]].transpose(0, 3, 1, 2))
+        del fb
+        m.close()
+    assert idx.size == 3
+
+
+def test_empty_batch_is_a_no_op():
+    images = np.zeros((3, 4, 4, 3), np.uint8)
+    tk.gather_normalize(
+        [images], np.empty(0, np.int64), np.empty((0, 3, 4, 4), np.float32), _table("float32", 3)
+    )
+
+
+@pytest.mark.parametrize("rowbytes", [1, 8, 13, 4096])
+def test_gather_rows_matches_reference(threads, rowbytes):
+    rng = np.random.default_rng(rowbytes)
+    rows = rng.integers(0, 256, size=(5000, rowbytes), dtype=np.uint8)
+    sources = split_sources(rows, rng)
+    idx = rng.integers(0, 5000, size=3000).astype(np.int64)
+    out = np.zeros((3000, rowbytes), np.uint8)
+    tk.gather_rows(sources, idx, out)
+    assert np.array_equal(out, ref.gather_rows(sources, idx, np.zeros_like(out)))
+    assert np.array_equal(out, rows[idx])
+
+
+def test_typed_columns_through_gather_rows():
+    labels = np.arange(100, dtype=np.int64) * 3
+    out = np.empty(4, np.int64)
+    tk.gather_rows(
+        [labels.view(np.uint8).reshape(100, 8)], np.array([5, 99, 0, 5]), out.view(np.uint8).reshape(4, 8)
+    )
+    assert out.tolist() == [15, 297, 0, 15]
+
+
+def test_torch_bfloat16_output_viewed_as_int16():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    images = rng.integers(0, 256, size=(4, 6, 7, 3), dtype=np.uint8)
+    idx = np.array([2, 3], np.int64)
+    out = torch.empty((2, 3, 6, 7), dtype=torch.bfloat16)
+    tk.gather_normalize([images], idx, out.view(torch.int16).numpy(), _table("bfloat16", 3))
+    want = np.empty((2, 3, 6, 7), np.uint16)
+    ref.gather_normalize([images], idx, want, _table("bfloat16", 3))
+    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
+    # torch tensors are accepted directly too (DLPack), bfloat16 included.
+    out2 = torch.empty((2, 3, 6, 7), dtype=torch.bfloat16)
+    tk.gather_normalize([images], torch.from_numpy(idx), out2, _table("bfloat16", 3))
+    assert torch.equal(out, out2)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+def test_affine_hint_never_changes_results(simd, dtype_name, layout):
+    # Outputs may be computed from an (a, b) hint instead of looked up;
+    # the hint is used only when it reproduces the whole table, so wrong hints and
+    # tables that the float32 formula cannot reproduce still give the table's bits.
+    from tbl_kernels import _core
+    from tbl_kernels.tables import affine_hint
+
+    rng = np.random.default_rng(11)
+    images = all_values_images(rng, 4, 16, 33, 3)
+    idx = np.array([3, 0, 2, 1, 3], np.int64)
+    flip = np.array([0, 1, 1, 0, 1], np.uint8)
+    shape = (5, 3, 16, 33) if layout == "CHW" else (5, 16, 33, 3)
+    cases = [
+        (MEAN3, STD3),  # ImageNet: the float32 formula reproduces both 16-bit tables
+        ([0.5] * 3, [0.5] * 3),  # bfloat16: exact ties the float32 formula misses
+        ([0.3, 0.1, 0.9], [0.07, 0.3, 0.11]),
+    ]
+    for mean, std in cases:
+        table = tk.normalization_table(mean, std, dtype_name)
+        hint = affine_hint(table)
+        assert hint is not None and len(hint) == 6
+        want = ref.gather_normalize(
+            [images], idx, np.empty(shape, table.dtype), table, flip=flip, layout=layout
+        )
+        for h in (hint, None, [x * 1.0001 for x in hint], [0.0] * 6):
+            out = np.zeros(shape, table.dtype)
+            _core.gather_normalize([images], idx, out, table, flip, layout, h)
+            assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), (mean, h)
