@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import gc
 import json
+import os
 import pickle
+import random
 
 import pytest
 
@@ -44,6 +47,23 @@ def test_lazy_open_and_lru_bound(tmp_path):
     assert list(view) == [0, 1, 2, 3]  # an evicted shard's view stays valid
     ds.close()
     assert ds[5]["i"] == 5  # reopens lazily
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to count descriptors")
+def test_evicted_shards_release_their_descriptors_without_gc(tmp_path):
+    # A thousand-shard dataset read in random order must hold at most max_open maps
+    # (and descriptors) at any time, even with the cyclic garbage collector off.
+    d = tf.write(rows(0, 300), tmp_path / "ds", shard_rows=2)
+    ds = tf.open(d, max_open=4)
+    gc.disable()
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for i in random.Random(0).sample(range(300), 300):
+            assert ds[i]["i"] == i
+        assert len(os.listdir("/proc/self/fd")) - before <= 4
+    finally:
+        gc.enable()
+        ds.close()
 
 
 def test_pickle_directory_dataset(tmp_path):

@@ -373,7 +373,7 @@ class TblFile(Shard):
         shape_of = struct.Struct(f"<{ndim}Q").unpack_from
         itemsize = leaf.itemsize
         np = _numpy()
-        mm = self._mm
+        mm, mv = self._mm, self._mv  # not self: the accessors must not form a cycle with this file
         h = info["regions"]["heap"].offset
         fmt = "H" if leaf.row_format == "e" else leaf.row_format
         dtype = np.dtype(leaf.dtype).newbyteorder("<") if np is not None else None
@@ -389,7 +389,7 @@ class TblFile(Shard):
             if heap_read is None:
                 if np is not None:
                     return np.frombuffer(mm, dtype=dtype, count=n, offset=h + s).reshape(shape)
-                view = self._mv[h + s : h + s + n * itemsize]
+                view = mv[h + s : h + s + n * itemsize]
                 return view.cast(fmt) if 0 in shape else view.cast(fmt, shape)
             raw = heap_read(s, s + n * itemsize)
             if np is not None:
@@ -438,7 +438,8 @@ class TblFile(Shard):
                         fmt = "H" if leaf.row_format == "e" else leaf.row_format
                         shape = leaf.row_shape
                         cast = f".cast({fmt!r})" if 0 in shape else f".cast({fmt!r}, {list(shape)!r})"
-                        ns[f"ROW{k}"] = eval(f"lambda i: mv[b{k} + i * R{k}:b{k} + (i + 1) * R{k}]{cast}", ns)
+                        # Evaluated in a copy of ns so the lambda and ns do not reference each other.
+                        ns[f"ROW{k}"] = eval(f"lambda i: mv[b{k} + i * R{k}:b{k} + (i + 1) * R{k}]{cast}", dict(ns))
                         get_pre.append(f"{v} = ROW{k}(i)")
                         range_pre.append(f"L{k} = [ROW{k}(j) for j in range(a, b)]")
                 continue
@@ -512,8 +513,10 @@ def read_range(a, b):
         raise CorruptDataError(f"{{WHERE}}: rows [{{a}}, {{b}}): {{exc!r}}") from None
 """
         exec(_compile_accessor(src), ns)
-        self.get = ns["get"]
-        self.read_range = ns["read_range"]
+        # Popped, not read: a function left in its own globals is a reference cycle, and
+        # a cycle would keep the map (and its file descriptor) alive until the cyclic GC runs.
+        self.get = ns.pop("get")
+        self.read_range = ns.pop("read_range")
         self._source = src
 
     # ---- verification ---------------------------------------------------------------------------
