@@ -1,0 +1,44 @@
+"""PyTree datasets: write any stream of dict-like samples, read them by index or in batches at memory speed.
+
+Samples are nested dicts, lists and tuples of int, float, bool, str, bytes,
+numpy arrays (fixed or variable shape) and torch tensors.
+
+- :func:`write` / :func:`write_parallel` (:mod:`tbl_loader.pytree_write`): one
+  stream, or parts written by a process pool and merged.
+- :class:`PyTreeDataset` (:mod:`tbl_loader.pytree_dataset`): map-style,
+  ``ds[i]``, ``ds.get_batch(indices)``, ``__getitems__`` for torch's DataLoader;
+  maps opened lazily per process, dropped on pickling, bounded in number.
+- :class:`PyTreeLoader` (:mod:`tbl_loader.pytree_loader`): iterable, shuffled,
+  sharded and resumable through the same stream code as the image loader.
+
+torch DataLoader::
+
+    ds = PyTreeDataset(path)
+    DataLoader(ds, batch_size=256, shuffle=True, num_workers=2,
+               collate_fn=collate_identity)          # numpy batches, collated by ds.__getitems__
+    DataLoader(ds, ..., collate_fn=torch.utils.data.default_convert)   # the same as tensors, zero-copy
+
+(torch >= 2.2 calls ``__getitems__`` with the batch's indices; the default
+collate would try to collate the already collated batch again.) With worker
+processes ``collate_identity`` is the faster choice: numpy arrays cross the
+worker pipe pickled, while each tensor gets its own shared-memory segment; wrap
+them with ``torch.from_numpy`` in the main process (fresh writable arrays: no
+copy, no warning).
+
+Safety: published ``.tbl`` files are immutable (the writer renames a finished
+temp file into place; nothing rewrites a published file), so every shard can be
+mapped. Renaming a new file over a mapped shard, or unlinking it, is safe: the
+existing map keeps serving the old contents until it is closed. Truncating a
+mapped file in place (which no TBL tool does) makes any later read of the lost
+pages raise SIGBUS on Linux, which kills the process: do not modify published
+files, replace them.
+"""
+
+from __future__ import annotations
+
+from .pytree_batch import VAR_MODES, Padded
+from .pytree_dataset import PyTreeDataset, collate_identity
+from .pytree_loader import PyTreeLoader
+from .pytree_write import write, write_parallel
+
+__all__ = ["VAR_MODES", "Padded", "PyTreeDataset", "PyTreeLoader", "collate_identity", "write", "write_parallel"]

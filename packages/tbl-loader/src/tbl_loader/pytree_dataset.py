@@ -1,0 +1,246 @@
+"""PyTreeDataset: a map-style dataset of sample pytrees, read from memory maps.
+
+``ds[i]`` is the dataset's compiled row accessor (one ``struct`` read per
+scalar leaf, zero-copy views for arrays). ``ds.get_batch(indices)`` (also
+``ds[list]``, ``ds[array]``, ``ds[slice]`` and ``ds.__getitems__``) returns one
+collated pytree: every fixed-size leaf gathered into one fresh array by the
+``gather_rows`` kernel reading straight from the maps, variable-size leaves as
+lists or padded arrays (see :mod:`tbl_loader.pytree_batch`).
+
+Processes. The maps belong to the process that opened them. Pickling (torch
+DataLoader ``spawn`` workers) keeps only the path, the options and a
+fingerprint of the contents; the copy maps the files again on first use and
+raises ``tbl_format.DatasetChangedError`` if the dataset changed meanwhile. A
+forked child (``fork`` workers) closes the maps it inherited right after the
+fork and opens its own on first use, so no process shares another's
+descriptors or LRU state. At most ``max_open`` shards are mapped per process.
+``close()`` unmaps everything; a later access maps again.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterator
+from operator import index as _index
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+
+from .pytree_batch import Collator
+from .pytree_shards import DEFAULT_MAX_OPEN, ShardSet
+
+__all__ = ["PyTreeDataset", "as_indices"]
+
+# Datasets holding maps in this process; a forked child closes its inherited copies.
+_OPEN: weakref.WeakSet[PyTreeDataset] = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    for ds in list(_OPEN):
+        ds.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
+
+
+def as_indices(indices: Any, num_rows: int) -> np.ndarray:
+    """Row indices as a contiguous int64 array; negatives count from the end; IndexError when out of range."""
+    if isinstance(indices, range):
+        idx = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+    else:
+        idx = np.asarray(indices)
+    if idx.ndim != 1:
+        raise ValueError(f"indices must be one-dimensional, got shape {idx.shape}")
+    if idx.shape[0] == 0:
+        return np.empty(0, dtype=np.int64)
+    if idx.dtype.kind not in "iu" or idx.dtype == np.bool_:
+        raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < -num_rows or hi >= num_rows:
+        bad = lo if lo < -num_rows else hi
+        raise IndexError(f"row {bad} out of range for {num_rows} rows")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    if lo < 0:
+        idx = np.where(idx < 0, idx + num_rows, idx)
+    return idx
+
+
+def collate_identity(batch: Any) -> Any:
+    """A torch DataLoader ``collate_fn`` that returns the batch ``__getitems__`` already collated."""
+    return batch
+
+
+class PyTreeDataset:
+    """Map-style dataset over a ``.tbl`` file or dataset directory of sample pytrees.
+
+    ``path``: a ``.tbl`` file, a TurboLoader v2 file or a dataset directory.
+    ``leaves``: leaf paths to read (default: all); the pytree is pruned to them.
+    ``var``: ``"list"`` or ``"pad"``, how ``get_batch`` returns variable-size leaves.
+    ``copy_arrays``: ``ds[i]`` returns writable copies of array leaves instead of
+    read-only views of the map. ``max_open``: shards mapped at once.
+    ``verify``: check every data checksum of a shard when it is first mapped.
+
+    Return types of ``ds[i]``: int leaves -> ``int``, float -> ``float``, bool ->
+    ``bool``, str -> ``str``, bytes and encoded images -> ``bytes``, arrays ->
+    numpy arrays that are *read-only views of the map* (``writeable=False``;
+    ``torch.from_numpy`` would warn on them: pass ``copy_arrays=True`` or use
+    ``get_batch``, whose arrays are always fresh and writable).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        leaves: list[str] | None = None,
+        var: str = "list",
+        copy_arrays: bool = False,
+        max_open: int = DEFAULT_MAX_OPEN,
+        verify: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self._leaves = None if leaves is None else list(leaves)
+        self._var = var
+        self._copy_arrays = bool(copy_arrays)
+        self._max_open = max_open
+        self._verify = bool(verify)
+        self._shards: ShardSet | None = None
+        self._item: Any = None
+        shards = self._open()
+        self._fingerprint = shards.fingerprint
+        self._len = shards.num_rows
+
+    # ---- opening ------------------------------------------------------------------------------
+    def _open(self) -> ShardSet:
+        shards = ShardSet(self.path, max_open=self._max_open, verify=self._verify)
+        try:
+            expected = getattr(self, "_fingerprint", None)
+            if expected is not None and shards.fingerprint != expected:
+                raise tbl_format.DatasetChangedError(
+                    f"{self.path}: the dataset changed since this PyTreeDataset was created"
+                )
+            collator = Collator(shards.schema, self._leaves, self._var, self._copy_arrays)
+        except BaseException:
+            shards.close()
+            raise
+        self._collator = collator
+        get = shards.get
+        if not collator.identity:
+            select = collator.select
+
+            def get(i: int, _get: Any = get, _select: Any = select) -> Any:
+                return _select(_get(i))
+
+        self._shards = shards
+        self._item = get
+        _OPEN.add(self)
+        return shards
+
+    def _ensure(self) -> ShardSet:
+        shards = self._shards
+        return shards if shards is not None else self._open()
+
+    # ---- rows ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: Any) -> Any:
+        item = self._item
+        if i.__class__ is int and item is not None:
+            return item(i)
+        if isinstance(i, slice):
+            return self.get_batch(range(*i.indices(self._len)))
+        if isinstance(i, (list, tuple, range, np.ndarray)) and not (isinstance(i, np.ndarray) and i.ndim == 0):
+            return self.get_batch(i)
+        i = _index(i)
+        self._ensure()
+        return self._item(i)
+
+    def get_batch(self, indices: Any) -> Any:
+        """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring)."""
+        shards = self._ensure()
+        collator = self._collator
+        if not isinstance(indices, range):
+            idx = np.asarray(indices)
+            if idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous:
+                # Common case first: the kernel and the row reader check every index themselves
+                # (IndexError before anything is written). Negative or bad rows take the full path.
+                try:
+                    return collator.batch(shards, idx)
+                except IndexError:
+                    pass
+        return collator.batch(shards, as_indices(indices, self._len))
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """torch DataLoader's batched fetch (torch >= 2.2); pair it with ``collate_fn=collate_identity``."""
+        return self.get_batch(indices)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every row in order, decoded in column batches (much faster than ``ds[i]`` in a loop)."""
+        shards = self._ensure()
+        rows = shards.iter_rows()
+        collator = self._collator
+        if collator.identity:
+            return rows
+        return map(collator.select, rows)
+
+    # ---- description --------------------------------------------------------------------------
+    @property
+    def schema(self) -> tbl_format.Schema:
+        return self._ensure().schema
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._ensure().metadata
+
+    @property
+    def leaf_paths(self) -> list[str]:
+        """The selected leaves, in schema order."""
+        self._ensure()
+        return list(self._collator.paths)
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the schema, metadata, rows per shard and shard header checksums."""
+        return self._fingerprint
+
+    @property
+    def open_shards(self) -> int:
+        """Shards mapped by this process right now."""
+        return 0 if self._shards is None else self._shards.open_shards
+
+    # ---- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap every shard; the next access maps them again."""
+        shards, self._shards, self._item = self._shards, None, None
+        _OPEN.discard(self)
+        if shards is not None:
+            shards.close()
+
+    def __enter__(self) -> PyTreeDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        shards = self.__dict__.get("_shards")
+        if shards is not None:
+            shards.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_shards"] = None
+        state["_item"] = None
+        state.pop("_collator", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"PyTreeDataset({str(self.path)!r}, rows={self._len})"

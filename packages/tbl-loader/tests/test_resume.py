@@ -1,0 +1,201 @@
+"""state_dict / load_state_dict: exact resume, elastic world sizes, fingerprint checks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import N_IMAGES, collect, make_images, write_dataset
+
+from tbl_loader import ImageLoader, RandomResizedCrop, StateMismatchError, order
+
+AUG = {"seed": 5, "hflip": 0.5, "random_resized_crop": RandomResizedCrop(6, scale=(0.25, 1.0))}
+
+
+def _loader(path, batch_size=8, **kwargs):
+    return ImageLoader(path, batch_size, backend="numpy", **{**AUG, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def straight(dataset_path):
+    with _loader(dataset_path) as loader:
+        loader.set_epoch(2)
+        return collect(loader)
+
+
+def test_state_dict_is_small_and_json(dataset_path):
+    loader = _loader(dataset_path)
+    sd = loader.state_dict()
+    assert set(sd) == {"version", "seed", "epoch", "consumed", "dataset", "settings"}
+    assert len(json.dumps(sd)) < 300
+    loader.close()
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 12])
+@pytest.mark.parametrize("new_batch", [8, 3, 50])
+def test_resume_yields_exactly_the_rest_of_the_epoch(dataset_path, straight, k, new_batch):
+    first = _loader(dataset_path)
+    first.set_epoch(2)
+    head = collect(first, limit=k)
+    state = first.state_dict()
+    assert state["epoch"] == 2 and state["consumed"] == min(8 * k, N_IMAGES) % N_IMAGES
+    first.close()
+    resumed = _loader(dataset_path, batch_size=new_batch, prefetch=0)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    resumed.set_epoch(2)  # the usual call at the top of a resumed loop keeps the position
+    tail = collect(resumed)
+    for field in range(3):
+        parts = [p for p in (head[field], tail[field]) if p is not None and len(p)]
+        assert np.array_equal(np.concatenate(parts), straight[field])
+    assert resumed.epoch == 3 and resumed.consumed == 0
+    resumed.close()
+
+
+def test_state_after_the_last_batch_is_the_next_epoch(dataset_path):
+    loader = _loader(dataset_path, batch_size=50)
+    it = iter(loader)
+    next(it)
+    next(it)
+    assert loader.state_dict()["consumed"] == 100
+    next(it)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["consumed"]) == (1, 0)
+    loader.close()
+
+
+def test_break_then_iterate_again_continues_the_epoch(dataset_path, straight):
+    loader = _loader(dataset_path)
+    loader.set_epoch(2)
+    head = collect(loader, limit=4)
+    tail = collect(loader)
+    assert np.array_equal(np.concatenate([head[2], tail[2]]), straight[2])
+    loader.close()
+
+
+def test_set_epoch_to_another_epoch_starts_it_from_the_beginning(dataset_path):
+    loader = _loader(dataset_path)
+    collect(loader, limit=3)
+    loader.set_epoch(4)
+    assert loader.consumed == 0
+    assert np.array_equal(collect(loader)[2], order.epoch_permutation(N_IMAGES, 5, 4))
+    with pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(-1)
+    loader.close()
+
+
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_elastic_resume_loses_and_repeats_nothing(dataset_path, new_world):
+    perm = order.epoch_permutation(N_IMAGES, 5, 1)
+    k = 3
+    seen, images, states = [], {}, []
+    for r in range(2):
+        loader = _loader(dataset_path, world_size=2, rank=r)
+        loader.set_epoch(1)
+        imgs, _, idx = collect(loader, limit=k)
+        seen.append(idx)
+        images.update(zip(idx.tolist(), imgs, strict=True))
+        states.append(loader.state_dict())
+        loader.close()
+    assert states[0] == states[1]  # lockstep ranks agree on the global position
+    assert states[0]["consumed"] == 2 * k * 8
+    after = []
+    for r in range(new_world):
+        loader = _loader(dataset_path, batch_size=5, world_size=new_world, rank=r)
+        loader.load_state_dict(states[r % 2])
+        imgs, _, idx = collect(loader)
+        after.append(idx)
+        for i, img in zip(idx.tolist(), imgs, strict=True):
+            if i in images:
+                assert np.array_equal(images[i], img)  # a padded repeat carries the same augmentation
+            images[i] = img
+        assert loader.epoch == 2
+        loader.close()
+    done = np.concatenate(seen)
+    rest = np.stack(after, axis=1).reshape(-1) if new_world > 1 else after[0]
+    remaining = perm[len(done):]
+    assert np.array_equal(np.sort(done), np.sort(perm[: len(done)]))
+    # Everything after the saved position exactly once, plus only the wrap padding the new world needs.
+    pad = (-len(remaining)) % new_world
+    assert np.array_equal(rest, np.concatenate([remaining, perm[:pad]]))
+    assert np.array_equal(np.sort(np.concatenate([done, rest[: len(remaining)]])), np.arange(N_IMAGES))
+    # Every sample's augmentation equals the straight single-rank stream's.
+    with _loader(dataset_path) as single:
+        single.set_epoch(1)
+        s_imgs, _, s_idx = collect(single)
+    for i, img in zip(s_idx.tolist(), s_imgs, strict=True):
+        assert np.array_equal(images[i], img)
+
+
+def test_drop_padding_resume_covers_a_multiple_of_the_world(dataset_path):
+    perm = order.epoch_permutation(N_IMAGES, 5, 0)
+    loader = _loader(dataset_path, world_size=2, rank=0, padding="drop")
+    collect(loader, limit=2)
+    state = loader.state_dict()
+    loader.close()
+    got = []
+    for r in range(3):
+        with _loader(dataset_path, world_size=3, rank=r, padding="drop") as part:
+            part.load_state_dict(state)
+            got.append(collect(part)[2])
+    rest = np.stack(got, axis=1).reshape(-1)
+    assert np.array_equal(rest, perm[32 : 32 + (N_IMAGES - 32) // 3 * 3])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"hflip": 0.25},
+        {"random_resized_crop": RandomResizedCrop(6, scale=(0.5, 1.0))},
+        {"random_resized_crop": None},
+        {"random_resized_crop": None, "center_crop": 6},
+        {"shuffle": False},
+        {"drop_last": True},
+        {"padding": "drop"},
+    ],
+)
+def test_settings_that_change_the_stream_are_checked(dataset_path, change):
+    state = _loader(dataset_path).state_dict()
+    other = _loader(dataset_path, **change)
+    with pytest.raises(StateMismatchError, match="settings"):
+        other.load_state_dict(state)
+    other.close()
+
+
+def test_seed_and_dataset_are_checked(dataset_path, tmp_path):
+    state = _loader(dataset_path).state_dict()
+    with pytest.raises(StateMismatchError, match="seed"):
+        _loader(dataset_path, seed=6).load_state_dict(state)
+    path = write_dataset(tmp_path / "other", make_images(N_IMAGES, seed=1), np.zeros(N_IMAGES), shard_rows=40)
+    with pytest.raises(StateMismatchError, match="another dataset"):
+        _loader(path).load_state_dict(state)
+
+
+def test_settings_that_do_not_change_the_stream_are_free(dataset_path):
+    import tbl_kernels
+
+    state = _loader(dataset_path).state_dict()
+    before = tbl_kernels.get_num_threads()
+    try:
+        for change in ({"batch_size": 3}, {"prefetch": 0}, {"dtype": "bfloat16"}, {"layout": "HWC"},
+                       {"world_size": 4, "rank": 3}, {"num_threads": 1}, {"mean": (0, 0, 0), "std": (1, 1, 1)}):
+            with _loader(dataset_path, **change) as other:
+                other.load_state_dict(state)
+    finally:
+        tbl_kernels.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda s: [], "dict"),
+        (lambda s: {**s, "version": 99}, "version"),
+        (lambda s: {k: v for k, v in s.items() if k != "epoch"}, "missing"),
+        (lambda s: {**s, "consumed": -1}, "consumed"),
+        (lambda s: {**s, "consumed": N_IMAGES + 1}, "consumed"),
+    ],
+)
+def test_malformed_states_raise(dataset_path, mutate, match):
+    loader = _loader(dataset_path)
+    with pytest.raises(StateMismatchError, match=match):
+        loader.load_state_dict(mutate(loader.state_dict()))
+    loader.close()
