@@ -1,0 +1,5 @@
+import sys
+
+from tbl_bench.cli import main
+
+sys.exit(main())

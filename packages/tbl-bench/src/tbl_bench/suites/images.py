@@ -1,0 +1,252 @@
+"""Image serving: batches per second from converted data, at both levels, plain / flip / crop.
+
+Subjects: TBL's ImageLoader; a hand-written numpy pipeline over the same
+column (np.take + lookup table + transpose: what a user writes without the
+kernels); TurboLoader and litdata with --peers; FFCV when it imports.
+Baseline: the PyTorch DataLoader + PIL pipeline decoding the TAR every epoch
+(2 workers). Floor: copying the batch's output bytes (float32 CHW) from a
+buffer larger than the caches - no loader that writes float32 batches can beat
+it. Same data, same batch size and the same consumer for all.
+
+TBL and TurboLoader crop from the stored size x size image; the PIL and
+litdata pipelines crop from the image they decode (the full photo for PIL).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tbl_bench.context import BenchContext, DataUnavailable
+from tbl_bench.harness import Config, SkipConfig
+from tbl_bench.levels import LEVELS, consume_batch
+from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
+
+NAME = "images"
+TITLE = "Image serving"
+UNIT = "images/s"
+COMPARE_ON = ("level", "aug", "size")
+
+# Plain and flip are served at the stored size; crop is RandomResizedCrop to 224 px
+# from 256-px storage (TBL) or from the decoded photo (PIL, litdata).
+CROP_STORAGE, CROP_OUTPUT = 256, 224
+SLOW_TOOLS = ("pil", "litdata")
+
+_RING_BYTES = 256 << 20
+
+
+class _MemcpyFloor:
+    """Copy each batch's output bytes out of a 256 MiB ring (so they come from DRAM, not cache)."""
+
+    def __init__(self, count: int, batch_size: int, size: int, level: str):
+        self.items_per_epoch = count
+        self.batch_size, self.level = batch_size, level
+        per_image = 3 * size * size
+        self.ring = np.ones(max(_RING_BYTES // 4, batch_size * per_image), dtype=np.float32)
+        self.out = np.empty((batch_size, 3, size, size), dtype=np.float32)
+        self.per_batch = batch_size * per_image
+        self.info = {"ring_bytes": self.ring.nbytes}
+
+    def run_epoch(self, epoch: int) -> int:
+        n, pos = 0, 0
+        while n < self.items_per_epoch:
+            k = min(self.batch_size, self.items_per_epoch - n)
+            m = k * self.per_batch // self.batch_size
+            if pos + m > self.ring.size:
+                pos = 0
+            dst = self.out.reshape(-1)[:m]
+            np.copyto(dst, self.ring[pos : pos + m])
+            consume_batch(self.out[:k], self.level)
+            pos += m
+            n += k
+        return n
+
+    def close(self) -> None:
+        self.ring = self.out = None
+
+
+def memcpy_floor(count: int, batch_size: int, size: int, level: str):
+    """Workload factory: the memory-copy floor for float32 CHW batches of `size`."""
+    return _MemcpyFloor(count, batch_size, size, level)
+
+
+def _image_loader():
+    try:
+        from tbl_loader import ImageLoader
+    except ImportError as e:
+        raise SkipConfig(f"tbl_loader.ImageLoader is not importable: {e}") from e
+    return ImageLoader
+
+
+def _crop_spec(size: int):
+    try:
+        from tbl_loader import RandomResizedCrop
+    except ImportError as e:
+        raise SkipConfig(f"tbl_loader.RandomResizedCrop is not importable: {e}") from e
+    return RandomResizedCrop(size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+
+
+class _TblServe:
+    def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device):
+        ImageLoader = _image_loader()
+        if aug not in AUGMENTATIONS:
+            raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
+        kwargs = {}
+        if aug in ("flip", "crop"):
+            kwargs["hflip"] = 0.5
+        if aug == "crop":
+            kwargs["random_resized_crop"] = _crop_spec(size)
+        self.level = level
+        import tbl_format
+
+        ds = tbl_format.open(path)
+        self.items_per_epoch = len(ds)
+        ds.close()
+        if device is not None:
+            kwargs["device"] = device
+        self.loader = ImageLoader(path, batch_size, shuffle=True, seed=seed, num_threads=threads, **kwargs)
+        self.info = {"num_threads": threads, "device": device}
+
+    def run_epoch(self, epoch: int) -> int:
+        self.loader.set_epoch(epoch)
+        n = 0
+        for batch in self.loader:
+            consume_batch(batch.images, self.level)
+            n += batch.images.shape[0]
+        return n
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None):
+    """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
+
+    `size` is the output size of the crop configuration; plain and flip serve the stored size."""
+    return _TblServe(path, batch_size, aug, level, size, seed, threads, device)
+
+
+class _NumpyReference:
+    """What a user writes by hand over the same column: gather, table lookup, HWC -> CHW."""
+
+    def __init__(self, path: str, batch_size: int, level: str, seed: int):
+        try:
+            import tbl_format
+        except ImportError as e:
+            raise SkipConfig(f"tbl_format is not importable: {e}") from e
+        self.ds = tbl_format.open(path)
+        self.column = np.concatenate(self.ds.segments("image")) if len(self.ds.segment_rows) > 1 else (
+            self.ds.segments("image")[0]
+        )
+        self.items_per_epoch = len(self.ds)
+        self.batch_size, self.level, self.seed = batch_size, level, seed
+        v = np.arange(256, dtype=np.float64) / 255
+        self.table = ((v[None, :] - np.array(IMAGENET_MEAN)[:, None]) / np.array(IMAGENET_STD)[:, None]).astype(
+            np.float32
+        )
+        self.info = {}
+
+    def run_epoch(self, epoch: int) -> int:
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.items_per_epoch)
+        n = 0
+        for start in range(0, len(order), self.batch_size):
+            u8 = np.take(self.column, order[start : start + self.batch_size], axis=0)  # (B, H, W, 3)
+            out = np.empty((u8.shape[0], 3, *u8.shape[1:3]), dtype=np.float32)
+            for c in range(3):
+                np.take(self.table[c], u8[..., c], out=out[:, c])
+            consume_batch(out, self.level)
+            n += u8.shape[0]
+        return n
+
+    def close(self) -> None:
+        self.column = None
+        self.ds.close()
+
+
+def numpy_reference(path: str, batch_size: int, level: str, aug: str = "plain", seed: int = 0, size: int | None = None):
+    """Workload factory: the numpy reference pipeline over the converted .tbl's image column (plain only)."""
+    if aug != "plain":
+        raise ValueError(f"the numpy reference implements aug='plain' only, got {aug!r}")
+    return _NumpyReference(path, batch_size, level, seed)  # `size` only labels the result
+
+
+def serve_sizes(ctx: BenchContext) -> tuple[int, ...]:
+    """Stored (= served) image sizes of the plain and flip configurations."""
+    return (ctx.sizes.image_size,) if ctx.quick else (160, 224)
+
+
+def _augs_at(ctx: BenchContext) -> list[tuple[str, int]]:
+    """(aug, output size) pairs: plain and flip at every serve size, crop at CROP_OUTPUT."""
+    pairs = [(aug, size) for size in serve_sizes(ctx) for aug in AUGMENTATIONS if aug != "crop"]
+    return pairs + [("crop", CROP_OUTPUT)]
+
+
+def configurations(ctx: BenchContext) -> list[Config]:
+    s = ctx.sizes
+    common = {"warmup": s.warmup, "epochs": s.epochs, "unit": UNIT}
+
+    def cfg(name, tool, target, params, role="subject", skip=None):
+        # The decode-every-epoch pipelines run ~100x slower; fewer epochs keep a full run
+        # within the hour, and their spread (min/max) is reported like everyone else's.
+        epochs = {**common, "epochs": min(2, s.epochs)} if tool in SLOW_TOOLS else common
+        return Config(NAME, name, tool, target, params, role=role, skip=skip, **epochs)
+
+    def tbl_path(size: int, mode: str) -> tuple[str, str | None]:
+        try:
+            return str(ctx.tbl_images(size=size, mode=mode)), None
+        except DataUnavailable as e:
+            return "", str(e)
+
+    configs = []
+    count = s.images
+    for size in sorted({size for _, size in _augs_at(ctx)}):
+        for level in LEVELS:
+            configs.append(cfg(f"memcpy/{level}/{size}", "memcpy", "tbl_bench.suites.images:memcpy_floor",
+                               {"count": count, "batch_size": s.batch_size, "size": size, "level": level},
+                               role="floor"))
+    tar = str(ctx.image_tar())
+    for aug, size in _augs_at(ctx):
+        path, skip = tbl_path(CROP_STORAGE, "center_crop") if aug == "crop" else tbl_path(size, "squash")
+        for level in LEVELS:
+            configs.append(cfg(f"tbl/{level}/{aug}/{size}", "tbl", "tbl_bench.suites.images:tbl_serve",
+                               {"path": path, "batch_size": s.batch_size, "aug": aug, "level": level,
+                                "size": size}, skip=skip))
+            if aug == "plain":
+                configs.append(cfg(f"numpy/{level}/plain/{size}", "numpy", "tbl_bench.suites.images:numpy_reference",
+                                   {"path": path, "batch_size": s.batch_size, "level": level, "aug": "plain",
+                                    "size": size}, skip=skip))
+        levels = LEVELS if aug == "plain" else ("consume",)
+        for level in levels:
+            configs.append(cfg(f"pil/{level}/{aug}/{size}", "pil", "tbl_bench.peers.pil:pil_loader",
+                               {"tar": tar, "size": size, "batch_size": s.batch_size, "aug": aug,
+                                "level": level}, role="baseline"))
+    if ctx.peers:
+        configs += peer_configurations(ctx, cfg)
+    return configs
+
+
+def peer_configurations(ctx: BenchContext, cfg) -> list[Config]:
+    s = ctx.sizes
+    configs = []
+    for aug, size in _augs_at(ctx):
+        # TurboLoader's train_aug crops to the stored size, so its crop runs on 224-px storage.
+        try:
+            tl_path, tl_skip = str(ctx.turbo_images(size)), None
+        except DataUnavailable as e:
+            tl_path, tl_skip = "", str(e)
+        for level in LEVELS:
+            configs.append(cfg(f"turboloader/{level}/{aug}/{size}", "turboloader",
+                               "tbl_bench.peers.turbo:turbo_serve",
+                               {"path": tl_path, "batch_size": s.batch_size, "aug": aug, "level": level,
+                                "size": size}, skip=tl_skip))
+        try:
+            ld_path, ld_skip = str(ctx.litdata_images(size)), None
+        except DataUnavailable as e:
+            ld_path, ld_skip = "", str(e)
+        configs.append(cfg(f"litdata/consume/{aug}/{size}", "litdata", "tbl_bench.peers.litdata_peer:litdata_serve",
+                           {"path": ld_path, "size": size, "batch_size": s.batch_size, "aug": aug,
+                            "level": "consume"}, skip=ld_skip))
+    from tbl_bench.peers.ffcv_peer import ffcv_unavailable_reason
+
+    configs.append(cfg("ffcv/consume/plain", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
+                       {"level": "consume", "aug": "plain"}, skip=ffcv_unavailable_reason()))
+    return configs
