@@ -46,7 +46,7 @@ class Dataset:
 
     ``len(ds)``; ``ds[i]``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
     ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.segment_rows``;
-    ``ds.verify()``; ``ds.close()``. Pickling keeps the path and the schema
+    ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.close()``. Pickling keeps the path and the schema
     fingerprint; the unpickled copy maps the files again on first use and
     raises DatasetChangedError if the schema changed meanwhile.
     """
@@ -111,6 +111,12 @@ class Dataset:
         return self._get(i)
 
     def _shard(self, k: int) -> Shard:
+        if len(self._entries) <= self._max_open:
+            # Nothing is ever evicted, so the LRU order is irrelevant: an open shard needs no
+            # lock (a dict lookup is atomic) and random reads stay as fast as on one file.
+            shard = self._shards.get(k)
+            if shard is not None:
+                return shard
         with self._lock:  # loader threads share one dataset; the LRU order must stay consistent
             shard = self._shards.get(k)
             if shard is not None:
@@ -194,6 +200,19 @@ class Dataset:
     def files(self) -> list[Path]:
         self._ensure()
         return list(self._files)
+
+    @property
+    def shard_entries(self) -> list[dict[str, Any]]:
+        """What the manifest records for each shard file, without opening any: dicts with
+        ``file``, ``rows`` and ``header_crc32`` (plus ``size`` for a directory). A single
+        file is its own one entry."""
+        self._ensure()
+        return [dict(e) for e in self._entries]
+
+    @property
+    def open_shards(self) -> int:
+        """Shard files this dataset holds open right now (never more than ``max_open``)."""
+        return len(self._shards) if self._opened else 0
 
     def segments(self, leaf_path: str) -> list[Any]:
         """Zero-copy (rows, *shape) column views of a fixed-size leaf, one per shard file."""

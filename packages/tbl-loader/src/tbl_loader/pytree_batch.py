@@ -20,18 +20,33 @@ values (``str``, ``bytes``, or a fresh writable numpy array per row), and with
 
 Pruning (``leaves=``): a dict keeps the keys under which a selected leaf lives;
 a list or tuple keeps its selected elements, in order.
+
+A :class:`RowSource` is what a batch is read from: an open ``tbl_format.Dataset``
+(which maps shards lazily, at most ``max_open`` at once) plus the one thing the
+dataset has no call for, gathering rows of a fixed-size leaf from several
+shards with one kernel call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
+import tbl_format
 from tbl_format import Leaf, Schema
 
-__all__ = ["VAR_MODES", "Collator", "FixedLeaf", "Padded", "VarLeaf"]
+from ._kernels import kernels
+
+__all__ = ["DEFAULT_MAX_OPEN", "VAR_MODES", "Collator", "FixedLeaf", "Padded", "RowSource", "VarLeaf",
+           "content_fingerprint"]
+
+DEFAULT_MAX_OPEN = 64
+"""Shards mapped at once by default (each costs one file descriptor and one mapping)."""
 
 VAR_MODES = ("list", "pad")
 
@@ -191,19 +206,119 @@ class Collator:
             return list(values)
         return _pad_bytes(values)
 
-    def batch(self, shards: Any, indices: np.ndarray) -> Any:
-        """The collated pytree of rows ``indices`` (validated contiguous int64) of a ShardSet."""
+    def batch(self, source: RowSource, indices: np.ndarray) -> Any:
+        """The collated pytree of rows ``indices`` (validated contiguous int64) of a RowSource."""
         n = indices.shape[0]
         values: list[Any] = [None] * len(self.paths)
         for leaf in self.fixed:
             out = np.empty((n, *leaf.row_shape), dtype=leaf.dtype)
             if n and leaf.row_bytes:
-                shards.gather(leaf.path, leaf.row_bytes, indices, out.view(np.uint8).reshape(n, leaf.row_bytes))
+                source.gather(leaf.path, leaf.row_bytes, indices, out.view(np.uint8).reshape(n, leaf.row_bytes))
             values[leaf.slot] = out
         if self.var:
-            for v, col in zip(self.var, self.var_columns(shards.get, indices), strict=True):
+            for v, col in zip(self.var, self.var_columns(source.get, indices), strict=True):
                 values[v.slot] = col
         return self.build(values)
+
+
+def content_fingerprint(dataset: tbl_format.Dataset) -> str:
+    """SHA-256 of the schema, metadata, rows per shard and shard header checksums, from the manifest alone."""
+    headers = [entry["header_crc32"] for entry in dataset.shard_entries]
+    body = {"schema": dataset.schema.fingerprint, "metadata": dataset.metadata, "rows": dataset.segment_rows,
+            "header_crc32": headers}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class RowSource:
+    """Rows of one ``tbl_format.Dataset``, opened here, for ``ds[i]`` and batch gathers.
+
+    ``get(i)`` reads one row; ``gather`` copies rows of a fixed-size leaf with
+    ``gather_rows`` straight from the mapped columns: in one call over every
+    shard when all of them fit in ``max_open`` (the dataset then never evicts
+    one, so the column views are kept between batches), otherwise per batch in
+    groups of at most ``max_open`` of the shards the batch touches, fetched
+    through ``dataset.shard(k)``, so that the bound on maps holds inside one
+    batch too (views of every shard would keep every map alive).
+
+    Belongs to one process and one thread at a time (a loader's producer
+    thread, or the process using a ``PyTreeDataset``); never pickled.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_open: int = DEFAULT_MAX_OPEN, verify: bool = False) -> None:
+        if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
+            raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
+        dataset = tbl_format.open(path, max_open=max_open, verify=verify)
+        try:
+            self.schema = dataset.schema
+            self.metadata = dataset.metadata
+            self.fingerprint = content_fingerprint(dataset)
+            rows = dataset.segment_rows
+        except BaseException:
+            dataset.close()
+            raise
+        self.dataset = dataset
+        self.max_open = max_open
+        self.num_rows = sum(rows)
+        self._rows = np.asarray(rows, dtype=np.int64)
+        self._starts = np.cumsum(self._rows) - self._rows
+        self._all_fit = len(rows) <= max_open
+        self._all_sources: dict[str, list[np.ndarray]] = {}
+        # A single file is its only shard, mapped by open() and never evicted: its compiled row
+        # reader is the dataset's ds[i] without the per-call dispatch.
+        self.get = dataset.shard(0).get if dataset.files == [dataset.path] else dataset.__getitem__
+
+    @property
+    def open_shards(self) -> int:
+        return self.dataset.open_shards
+
+    def _column(self, k: int, leaf_path: str, row_bytes: int) -> np.ndarray:
+        col = self.dataset.shard(k).column(leaf_path)
+        return col.view(np.uint8).reshape(col.shape[0], row_bytes)
+
+    def gather(self, leaf_path: str, row_bytes: int, indices: np.ndarray, out: np.ndarray) -> None:
+        """``out[b] = row indices[b]`` of a fixed-size leaf; indices int64, validated, out ``(B, row_bytes)`` uint8."""
+        if self._all_fit:
+            sources = self._all_sources.get(leaf_path)
+            if sources is None:
+                sources = [
+                    col.view(np.uint8).reshape(col.shape[0], row_bytes)
+                    for col, r in zip(self.dataset.segments(leaf_path), self._rows.tolist(), strict=True)
+                    if r
+                ]
+                self._all_sources[leaf_path] = sources
+            kernels.gather_rows(sources, indices, out)
+            return
+        starts = self._starts
+        shard_of = np.searchsorted(starts, indices, side="right") - 1
+        touched = np.unique(shard_of)
+        step = self.max_open
+        for a in range(0, touched.shape[0], step):
+            group = touched[a : a + step]
+            # Rows of the group's shards, addressed in the concatenation of just those shards.
+            bases = np.concatenate(([0], np.cumsum(self._rows[group])[:-1]))
+            sources = [self._column(k, leaf_path, row_bytes) for k in group.tolist()]
+            if group.shape[0] == touched.shape[0]:
+                local = indices - starts[shard_of] + bases[np.searchsorted(group, shard_of)]
+                kernels.gather_rows(sources, np.ascontiguousarray(local, dtype=np.int64), out)
+                return
+            sel = np.flatnonzero((shard_of >= group[0]) & (shard_of <= group[-1]))
+            ks = shard_of[sel]
+            local = indices[sel] - starts[ks] + bases[np.searchsorted(group, ks)]
+            part = np.empty((sel.shape[0], row_bytes), dtype=np.uint8)
+            kernels.gather_rows(sources, np.ascontiguousarray(local, dtype=np.int64), part)
+            out[sel] = part
+            del sources  # the next group's shards may evict these: their maps must be free to go
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every row in order, through the dataset's batched in-order decoder."""
+        return iter(self.dataset)
+
+    def close(self) -> None:
+        """Unmap every shard (views still held by callers keep their own map alive until dropped)."""
+        self._all_sources.clear()
+        self.get = None
+        self.dataset.close()
 
 
 def _pad_arrays(values: tuple[Any, ...], leaf: Leaf) -> Padded:

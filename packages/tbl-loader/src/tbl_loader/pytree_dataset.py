@@ -30,8 +30,7 @@ import numpy as np
 
 import tbl_format
 
-from .pytree_batch import Collator
-from .pytree_shards import DEFAULT_MAX_OPEN, ShardSet
+from .pytree_batch import DEFAULT_MAX_OPEN, Collator, RowSource
 
 __all__ = ["PyTreeDataset", "as_indices"]
 
@@ -83,7 +82,9 @@ class PyTreeDataset:
     ``var``: ``"list"`` or ``"pad"``, how ``get_batch`` returns variable-size leaves.
     ``copy_arrays``: ``ds[i]`` returns writable copies of array leaves instead of
     read-only views of the map. ``max_open``: shards mapped at once.
-    ``verify``: check every data checksum of a shard when it is first mapped.
+    ``verify``: check every data checksum of every shard whenever the dataset is
+    opened (on creation, and again in a process that maps it after pickling or
+    ``close()``).
 
     Return types of ``ds[i]``: int leaves -> ``int``, float -> ``float``, bool ->
     ``bool``, str -> ``str``, bytes and encoded images -> ``bytes``, arrays ->
@@ -108,41 +109,43 @@ class PyTreeDataset:
         self._copy_arrays = bool(copy_arrays)
         self._max_open = max_open
         self._verify = bool(verify)
-        self._shards: ShardSet | None = None
+        self._source: RowSource | None = None
         self._item: Any = None
-        shards = self._open()
-        self._fingerprint = shards.fingerprint
-        self._len = shards.num_rows
+        source = self._open()
+        self._fingerprint = source.fingerprint
+        self._len = source.num_rows
 
     # ---- opening ------------------------------------------------------------------------------
-    def _open(self) -> ShardSet:
-        shards = ShardSet(self.path, max_open=self._max_open, verify=self._verify)
+    def _open(self) -> RowSource:
+        # Always a fresh tbl_format.open (never a reopen of a closed Dataset): the contents are
+        # checked against the fingerprint taken at creation before any row is served.
+        source = RowSource(self.path, max_open=self._max_open, verify=self._verify)
         try:
             expected = getattr(self, "_fingerprint", None)
-            if expected is not None and shards.fingerprint != expected:
+            if expected is not None and source.fingerprint != expected:
                 raise tbl_format.DatasetChangedError(
                     f"{self.path}: the dataset changed since this PyTreeDataset was created"
                 )
-            collator = Collator(shards.schema, self._leaves, self._var, self._copy_arrays)
+            collator = Collator(source.schema, self._leaves, self._var, self._copy_arrays)
         except BaseException:
-            shards.close()
+            source.close()
             raise
         self._collator = collator
-        get = shards.get
+        get = source.get
         if not collator.identity:
             select = collator.select
 
             def get(i: int, _get: Any = get, _select: Any = select) -> Any:
                 return _select(_get(i))
 
-        self._shards = shards
+        self._source = source
         self._item = get
         _OPEN.add(self)
-        return shards
+        return source
 
-    def _ensure(self) -> ShardSet:
-        shards = self._shards
-        return shards if shards is not None else self._open()
+    def _ensure(self) -> RowSource:
+        source = self._source
+        return source if source is not None else self._open()
 
     # ---- rows ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -162,7 +165,7 @@ class PyTreeDataset:
 
     def get_batch(self, indices: Any) -> Any:
         """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring)."""
-        shards = self._ensure()
+        source = self._ensure()
         collator = self._collator
         if not isinstance(indices, range):
             idx = np.asarray(indices)
@@ -170,10 +173,10 @@ class PyTreeDataset:
                 # Common case first: the kernel and the row reader check every index themselves
                 # (IndexError before anything is written). Negative or bad rows take the full path.
                 try:
-                    return collator.batch(shards, idx)
+                    return collator.batch(source, idx)
                 except IndexError:
                     pass
-        return collator.batch(shards, as_indices(indices, self._len))
+        return collator.batch(source, as_indices(indices, self._len))
 
     def __getitems__(self, indices: list[int]) -> Any:
         """torch DataLoader's batched fetch (torch >= 2.2); pair it with ``collate_fn=collate_identity``."""
@@ -181,8 +184,8 @@ class PyTreeDataset:
 
     def __iter__(self) -> Iterator[Any]:
         """Every row in order, decoded in column batches (much faster than ``ds[i]`` in a loop)."""
-        shards = self._ensure()
-        rows = shards.iter_rows()
+        source = self._ensure()
+        rows = iter(source)
         collator = self._collator
         if collator.identity:
             return rows
@@ -211,15 +214,15 @@ class PyTreeDataset:
     @property
     def open_shards(self) -> int:
         """Shards mapped by this process right now."""
-        return 0 if self._shards is None else self._shards.open_shards
+        return 0 if self._source is None else self._source.open_shards
 
     # ---- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         """Unmap every shard; the next access maps them again."""
-        shards, self._shards, self._item = self._shards, None, None
+        source, self._source, self._item = self._source, None, None
         _OPEN.discard(self)
-        if shards is not None:
-            shards.close()
+        if source is not None:
+            source.close()
 
     def __enter__(self) -> PyTreeDataset:
         return self
@@ -228,13 +231,13 @@ class PyTreeDataset:
         self.close()
 
     def __del__(self) -> None:
-        shards = self.__dict__.get("_shards")
-        if shards is not None:
-            shards.close()
+        source = self.__dict__.get("_source")
+        if source is not None:
+            source.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_shards"] = None
+        state["_source"] = None
         state["_item"] = None
         state.pop("_collator", None)
         return state

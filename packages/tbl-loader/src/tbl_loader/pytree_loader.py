@@ -24,8 +24,7 @@ import numpy as np
 
 from .order import BatchPlan
 from .output import HostArray, OutputSpec
-from .pytree_batch import Collator, Padded
-from .pytree_shards import DEFAULT_MAX_OPEN, ShardSet
+from .pytree_batch import DEFAULT_MAX_OPEN, Collator, Padded, RowSource
 from .state import dataset_fingerprint
 from .stream import BatchStream
 
@@ -94,10 +93,10 @@ class _ObjectCell(HostArray):
 
 
 class _PyTreeSource:
-    """Fills ring slots for one PyTreeLoader; holds the shard set and collator, never the loader."""
+    """Fills ring slots for one PyTreeLoader; holds the row source and collator, never the loader."""
 
-    def __init__(self, shards: ShardSet, collator: Collator) -> None:
-        self.shards = shards
+    def __init__(self, source: RowSource, collator: Collator) -> None:
+        self.source = source
         self.collator = collator
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
@@ -112,12 +111,12 @@ class _PyTreeSource:
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
         ids = plan.sample_ids
         n = ids.shape[0]
-        shards = self.shards
+        source = self.source
         for leaf in self.collator.fixed:
             if n and leaf.row_bytes:
-                shards.gather(leaf.path, leaf.row_bytes, ids, buffers[leaf.path][:n])
+                source.gather(leaf.path, leaf.row_bytes, ids, buffers[leaf.path][:n])
         if self.collator.var:
-            buffers[_CELL][0] = self.collator.var_columns(shards.get, ids)
+            buffers[_CELL][0] = self.collator.var_columns(source.get, ids)
 
 
 class PyTreeLoader(BatchStream):
@@ -165,11 +164,11 @@ class PyTreeLoader(BatchStream):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
         output = OutputSpec.create(backend, device, pin_memory)
-        shards = ShardSet(path, max_open=max_open, verify=verify)
+        source = RowSource(path, max_open=max_open, verify=verify)
         try:
-            collator = Collator(shards.schema, leaves, var)
+            collator = Collator(source.schema, leaves, var)
             super().__init__(
-                num_samples=shards.num_rows,
+                num_samples=source.num_rows,
                 batch_size=batch_size,
                 shuffle=shuffle,
                 seed=seed,
@@ -179,25 +178,25 @@ class PyTreeLoader(BatchStream):
                 world_size=world_size,
                 padding=padding,
                 output=output,
-                dataset_fingerprint=dataset_fingerprint(shards),
-                closers=[shards.close],
+                dataset_fingerprint=dataset_fingerprint(source),
+                closers=[source.close],
             )
         except BaseException:
-            shards.close()
+            source.close()
             raise
         self.path = path
         self.collator = collator
-        self.schema = shards.schema
-        self.metadata = shards.metadata
+        self.schema = source.schema
+        self.metadata = source.metadata
         self.return_indices = bool(return_indices)
-        self._shards = shards
+        self._rows = source
 
     @property
     def leaf_paths(self) -> list[str]:
         return list(self.collator.paths)
 
     def _batch_source(self) -> _PyTreeSource:
-        return _PyTreeSource(self._shards, self.collator)
+        return _PyTreeSource(self._rows, self.collator)
 
     def _make_batch(self, outputs: dict[str, Any], plan: BatchPlan) -> Any:
         collator = self.collator

@@ -43,9 +43,11 @@ def dataset_fingerprint(dataset: Any) -> str:
 
     Covers the row count, the rows per shard, the schema, the metadata (class
     names and preprocessing parameters live there) and, when the dataset exposes
-    its shards (``dataset.shard(k).header_crc32``), every shard's header checksum.
-    Uses ``dataset.fingerprint`` instead when the dataset provides one (a string
-    or a method returning one).
+    them, every shard's header checksum: from ``dataset.shard_entries`` (the
+    manifest's record, so no shard is mapped) or else ``dataset.shard(k).header_crc32``.
+    Both give the same checksums, hence the same fingerprint. Uses
+    ``dataset.fingerprint`` instead when the dataset provides one (a string or a
+    method returning one).
     """
     own = getattr(dataset, "fingerprint", None)
     if callable(own):
@@ -61,7 +63,10 @@ def dataset_fingerprint(dataset: Any) -> str:
         schema_id = repr(schema)
     segment_rows = list(getattr(dataset, "segment_rows", []))
     headers = None
-    if callable(getattr(dataset, "shard", None)):
+    entries = getattr(dataset, "shard_entries", None)
+    if entries is not None:
+        headers = [entry.get("header_crc32") for entry in entries]
+    elif callable(getattr(dataset, "shard", None)):
         headers = [getattr(dataset.shard(k), "header_crc32", None) for k in range(len(segment_rows))]
     return _digest(
         {
