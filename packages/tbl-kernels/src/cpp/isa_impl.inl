@@ -15,6 +15,18 @@
 // (or copied for uint8 output). The mapping step is a table lookup per element
 // (hardware gathers on the AVX2 level) or, where verified, the arithmetic path.
 
+// dst[x] = src[n - 1 - x] for x < n, eight bytes per step.
+static inline void reverse_bytes(const uint8_t* __restrict src, int64_t n, uint8_t* __restrict dst) {
+    int64_t x = 0;
+    for (; x + 8 <= n; x += 8) {
+        uint64_t v;
+        std::memcpy(&v, src + n - x - 8, 8);
+        v = __builtin_bswap64(v);
+        std::memcpy(dst + x, &v, 8);
+    }
+    for (; x < n; ++x) dst[x] = src[n - 1 - x];
+}
+
 // One image row (W pixels, adjacent pixels `sx` bytes apart) in output order:
 // CHW -> C planes of W bytes each `plane` bytes apart; HWC -> W * C interleaved bytes.
 template <int C, bool kContiguous>
@@ -23,10 +35,16 @@ static void row_bytes_impl(const uint8_t* __restrict row, int64_t W, int64_t sx_
     // A compile-time pixel step (C) lets the compiler vectorize the deinterleave.
     const int64_t sx = kContiguous ? C : sx_runtime;
     if (chw) {
+        thread_local std::vector<uint8_t> forward;
+        if (flip && forward.size() < static_cast<size_t>(W)) forward.resize(W);
         for (int c = 0; c < C; ++c) {
             uint8_t* __restrict o = dst + c * plane;
             if (flip) {
-                for (int64_t x = 0; x < W; ++x) o[x] = row[(W - 1 - x) * sx + c];
+                // Deinterleave forwards, then reverse: a strided read that also runs
+                // backwards defeats the vectorizer and made flipped batches ~40% slower.
+                uint8_t* __restrict f = forward.data();
+                for (int64_t x = 0; x < W; ++x) f[x] = row[x * sx + c];
+                reverse_bytes(f, W, o);
             } else {
                 for (int64_t x = 0; x < W; ++x) o[x] = row[x * sx + c];
             }
