@@ -12,6 +12,7 @@ from .image_loader import (
     RandomResizedCrop,
     image_columns,
     image_stream_settings,
+    output_geometry,
     size_pair,
 )
 from .order import EpochOrder
@@ -45,6 +46,7 @@ __all__ = [
     "image_columns",
     "image_stream_settings",
     "order",
+    "output_geometry",
     "size_pair",
     "write",
     "write_parallel",

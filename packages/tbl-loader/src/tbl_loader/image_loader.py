@@ -178,6 +178,20 @@ def image_columns(dataset: Any, image_key: str = "image", label_key: str = "labe
     return images, labels
 
 
+def output_geometry(height: int, width: int, random_resized_crop: RandomResizedCrop | None,
+                    center_crop: int | tuple[int, int] | None) -> tuple[tuple[int, int], np.ndarray | None]:
+    """The served ``(height, width)`` and the fixed center-crop box (or None) for stored ``height x width``
+    images; a random-resized-crop's scale and ratio are validated here, before any batch is made."""
+    if random_resized_crop is not None:
+        order.random_resized_crop_boxes(0, 0, np.zeros(1, np.int64), height, width,
+                                        random_resized_crop.scale, random_resized_crop.ratio)
+        return random_resized_crop.output_size, None
+    if center_crop is not None:
+        out_hw = size_pair("center_crop", center_crop)
+        return out_hw, order.center_crop_box(height, width, *out_hw)
+    return (height, width), None
+
+
 def image_stream_settings(hflip: float, random_resized_crop: RandomResizedCrop | None,
                           center_crop: tuple[int, int] | None, image_key: str, label_key: str) -> dict[str, Any]:
     """The image-specific settings that change the sample stream, as fingerprinted by ``state_dict()``.
@@ -267,17 +281,7 @@ class ImageLoader(BatchStream):
             images, label_segments = image_columns(dataset, image_key, label_key)
             labels = None if label_segments is None else [_label_rows(seg) for seg in label_segments]
             _, height, width, channels = images[0].shape
-            if random_resized_crop is not None:
-                out_hw = random_resized_crop.output_size
-                # Validate scale / ratio now rather than on the producer thread.
-                order.random_resized_crop_boxes(seed, 0, np.zeros(1, np.int64), height, width,
-                                                random_resized_crop.scale, random_resized_crop.ratio)
-                center_box = None
-            elif center_crop is not None:
-                out_hw = size_pair("center_crop", center_crop)
-                center_box = order.center_crop_box(height, width, *out_hw)
-            else:
-                out_hw, center_box = (height, width), None
+            out_hw, center_box = output_geometry(height, width, random_resized_crop, center_crop)
             table = None
             if dtype != "uint8":
                 if len(mean) != channels or len(std) != channels:

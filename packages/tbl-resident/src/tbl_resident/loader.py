@@ -33,7 +33,7 @@ from tbl_loader import (
     image_columns,
     image_stream_settings,
     order,
-    size_pair,
+    output_geometry,
 )
 from tbl_loader.order import BatchPlan, EpochOrder
 from tbl_loader.output import OutputSpec
@@ -280,17 +280,7 @@ class ResidentImageLoader(BatchStream):
         try:
             images, labels = image_columns(dataset, image_key, label_key)
             _, height, width, channels = images[0].shape
-            if random_resized_crop is not None:
-                out_hw = random_resized_crop.output_size
-                # Validate scale / ratio now rather than at the first batch.
-                order.random_resized_crop_boxes(seed, 0, np.zeros(1, np.int64), height, width,
-                                                random_resized_crop.scale, random_resized_crop.ratio)
-                center_box = None
-            elif center_crop is not None:
-                out_hw = size_pair("center_crop", center_crop)
-                center_box = order.center_crop_box(height, width, *out_hw)
-            else:
-                out_hw, center_box = (height, width), None
+            out_hw, center_box = output_geometry(height, width, random_resized_crop, center_crop)
             normalizer = Normalizer(mean, std, dtype, layout, bool(channels_last), channels, dev)
             num_samples = sum(s.shape[0] for s in images)
             super().__init__(
