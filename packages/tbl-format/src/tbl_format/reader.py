@@ -49,7 +49,7 @@ from .errors import (
 )
 from .layout import ALIGN, FORMAT_VERSION, HEADER_CAP, MAGIC, PREAMBLE, PREAMBLE_CRC_SPAN, PREAMBLE_SIZE
 from .schema import Leaf, Schema
-from .shard import Progress, Shard, fixed_leaf
+from .shard import Progress, Shard, fixed_leaf, release_map
 
 _U64 = struct.Struct("<Q")
 _U64X2 = struct.Struct("<QQ")
@@ -601,12 +601,8 @@ def read_range(a, b):
             except BufferError:  # slices of it are still alive in callers' hands
                 pass
             self._mv = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:  # exported numpy views or memoryviews keep it open until they die
-                pass
-            self._mm = None
+        release_map(self._mm)
+        self._mm = None
 
     def __repr__(self) -> str:
         return f"TblFile({str(self.path)!r}, rows={self.rows})"

@@ -64,6 +64,15 @@ class Shard:
         raise NotImplementedError
 
 
+def release_map(mm: Any) -> None:
+    """Close a file's mmap unless views of it are still exported; those keep it alive until they die."""
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:
+            pass
+
+
 def fixed_leaf(schema: Schema, leaf_path: str) -> Leaf:
     """The Leaf at leaf_path, which must be fixed-size (KeyError / ValueError otherwise)."""
     try:

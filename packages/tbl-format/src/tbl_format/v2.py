@@ -45,7 +45,7 @@ from .errors import (
     V2LayoutError,
 )
 from .schema import Leaf, Schema
-from .shard import Progress, Shard, fixed_leaf
+from .shard import Progress, Shard, fixed_leaf, release_map
 
 __all__ = [
     "ENTRY",
@@ -462,12 +462,8 @@ class V2File(Shard):
     def close(self) -> None:
         """Drop this file's map. Views handed out earlier keep the map alive until they are gone."""
         self._views = {}
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:  # exported numpy views or memoryviews keep it open until they die
-                pass
-            self._mm = None
+        release_map(self._mm)
+        self._mm = None
 
     def __repr__(self) -> str:
         return f"V2File({str(self.path)!r}, rows={self.rows})"
