@@ -257,6 +257,24 @@ Lut32 make_lut32(const IsaKernels& K, const void* table, int64_t C, const std::o
     return lut;
 }
 
+// The lookup state of one normalizing call, shared by its threads (elem: the output's
+// bytes per value, 1 for uint8 output). Not copyable: lut16.wide points into `wide`.
+struct OutputLuts {
+    std::vector<uint32_t> wide;
+    Lut16 lut16{};
+    Lut32 lut32{};
+
+    OutputLuts(const IsaKernels& K, const std::optional<TableArray>& table, int elem, int64_t C,
+               const std::optional<std::vector<double>>& hint)
+        : wide(widen_table(table ? table->data() : nullptr, elem, C)) {
+        const void* tab = table ? table->data() : nullptr;
+        if (elem == 2) lut16 = make_lut16(K, tab, wide, C, table ? &*table : nullptr, hint);
+        if (elem == 4) lut32 = make_lut32(K, tab, C, hint);
+    }
+    OutputLuts(const OutputLuts&) = delete;
+    OutputLuts& operator=(const OutputLuts&) = delete;
+};
+
 void run_gather(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray& out,
                 const std::optional<TableArray>& table, const std::optional<FlipArray>& flip,
                 const std::string& layout, const std::optional<std::vector<double>>& hint) {
@@ -280,10 +298,9 @@ void run_gather(const std::vector<SrcArray>& sources, const IndexArray& indices,
     const IsaKernels& K = active_kernels();
     const int64_t n = sample_elems(out);
     auto* dst = static_cast<uint8_t*>(out.data());
-    const void* tab = table ? table->data() : nullptr;
-    const std::vector<uint32_t> wide = widen_table(tab, elem, C);
-    const Lut16 lut = elem == 2 ? make_lut16(K, tab, wide, C, table ? &*table : nullptr, hint) : Lut16{};
-    const Lut32 lut32 = elem == 4 ? make_lut32(K, tab, C, hint) : Lut32{};
+    const OutputLuts luts(K, table, elem, C, hint);
+    const Lut16& lut = luts.lut16;
+    const Lut32& lut32 = luts.lut32;
     parallel_for(static_cast<int64_t>(ptrs.size()), 1, [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
             WriteSpec s;
@@ -354,10 +371,9 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
     const IsaKernels& K = active_kernels();
     const int64_t n = sample_elems(out);
     auto* dst = static_cast<uint8_t*>(out.data());
-    const void* tab = table ? table->data() : nullptr;
-    const std::vector<uint32_t> wide = widen_table(tab, elem, C);
-    const Lut16 lut = elem == 2 ? make_lut16(K, tab, wide, C, table ? &*table : nullptr, hint) : Lut16{};
-    const Lut32 lut32 = elem == 4 ? make_lut32(K, tab, C, hint) : Lut32{};
+    const OutputLuts luts(K, table, elem, C, hint);
+    const Lut16& lut = luts.lut16;
+    const Lut32& lut32 = luts.lut32;
     parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
         thread_local ResampleBuffers buf;
         AxisWeights wv, wh;
