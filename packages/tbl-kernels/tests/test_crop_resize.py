@@ -55,6 +55,21 @@ def test_crop_resize_large_downscale_and_upscale():
         assert np.array_equal(out, want)
 
 
+@pytest.mark.parametrize("c", [1, 3])
+def test_crop_resize_row_lengths_around_vector_blocks(simd, c):
+    # The avx2 resampler handles 32 bytes per step and pairs of taps, then a scalar
+    # tail: sweep row lengths across block edges, and tap counts odd and even.
+    rng = np.random.default_rng(c)
+    images = rng.integers(0, 256, size=(3, 70, 70, c), dtype=np.uint8)
+    for oh, ow in [(31, 32), (32, 33), (11, 64), (65, 10), (5, 3), (70, 17)]:
+        for box in [(0, 0, 70, 70), (3, 5, 33, 64), (10, 1, 16, 31), (0, 0, 69, 3)]:
+            boxes = np.array([box, box], np.int32)
+            out, want = np.zeros((2, oh, ow, c), np.uint8), np.zeros((2, oh, ow, c), np.uint8)
+            tk.gather_crop_resize([images], np.array([2, 0]), boxes, out, layout="HWC")
+            ref.gather_crop_resize([images], np.array([2, 0]), boxes, want, layout="HWC")
+            assert np.array_equal(out, want), (oh, ow, box)
+
+
 def test_identity_box_is_a_copy():
     rng = np.random.default_rng(4)
     images = rng.integers(0, 256, size=(3, 19, 23, 3), dtype=np.uint8)

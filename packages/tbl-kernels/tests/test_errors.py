@@ -119,6 +119,36 @@ def test_shape_mismatches_raise_value_errors():
         tk.gather_rows([np.zeros((6, 4), np.uint8)], idx, np.zeros((3, 5), np.uint8))
 
 
+def test_gather_columns_checks_everything_before_writing():
+    a = [np.arange(12, dtype=np.uint8).reshape(6, 2)]
+    b = [np.arange(24, dtype=np.uint8).reshape(6, 4)]
+    idx = np.array([5, 0, 3], np.int64)
+
+    def outs():
+        return [np.full((3, 2), 9, np.uint8), np.full((3, 4), 9, np.uint8)]
+
+    o = outs()
+    with pytest.raises(IndexError, match=r"indices\[1\] = 6 is out of range for 6 rows"):
+        tk.gather_columns([a, b], np.array([5, 6, 0], np.int64), o)
+    assert all(_untouched(x) for x in o)
+    o = outs()
+    with pytest.raises(ValueError, match=r"outs\[1\] has shape \(3, 4\); expected \(3, 2\)"):
+        tk.gather_columns([a, a], idx, o)
+    assert all(_untouched(x) for x in o)
+    with pytest.raises(ValueError, match="segments of other row counts"):
+        tk.gather_columns([a, [b[0][:3], b[0][3:]]], idx, outs())
+    with pytest.raises(ValueError, match="one output per column"):
+        tk.gather_columns([a, b], idx, outs()[:1])
+    shared = np.full((6, 2), 9, np.uint8)
+    with pytest.raises(ValueError, match=r"outs\[1\] overlaps outs\[0\]"):
+        tk.gather_columns([a, a], idx, [shared[:3], shared[2:5]])
+    with pytest.raises(TypeError, match="uint8"):
+        tk.gather_columns([[a[0].view(np.int8)]], idx, [np.zeros((3, 2), np.uint8)])
+    with pytest.raises(TypeError, match="list of lists"):
+        tk.gather_columns(a[0], idx, outs())
+    tk.gather_columns([], idx, [])  # nothing to gather
+
+
 def test_out_overlapping_a_source_is_refused():
     buf = np.zeros((4, 2, 2, 3), np.uint8)
     with pytest.raises(ValueError, match="overlaps"):

@@ -61,6 +61,26 @@ def test_gather_u8_matches_reference(simd, threads, c, layout):
         assert np.array_equal(out, want)
 
 
+@pytest.mark.parametrize("w", [1, 15, 16, 17, 31, 32, 33, 47, 48, 50, 64, 65])
+def test_row_widths_around_vector_blocks(simd, w):
+    # The avx2 level deinterleaves RGB rows 16 pixels at a time (flipped rows from
+    # the far end) and finishes with scalar code: every split of a row must agree.
+    rng = np.random.default_rng(w)
+    images = rng.integers(0, 256, size=(5, 3, w, 3), dtype=np.uint8)
+    indices = np.array([4, 0, 2, 2, 1, 3], np.int64)
+    flip = np.array([1, 0, 1, 1, 0, 0], np.uint8)
+    table = _table("float16", 3)
+    for layout in ("CHW", "HWC"):
+        out, want = _out(6, 3, w, 3, layout, np.uint8), _out(6, 3, w, 3, layout, np.uint8)
+        tk.gather_u8([images], indices, out, flip=flip, layout=layout)
+        ref.gather_u8([images], indices, want, flip=flip, layout=layout)
+        assert np.array_equal(out, want)
+        out, want = _out(6, 3, w, 3, layout, np.float16), _out(6, 3, w, 3, layout, np.float16)
+        tk.gather_normalize([images], indices, out, table, flip=flip, layout=layout)
+        ref.gather_normalize([images], indices, want, table, flip=flip, layout=layout)
+        assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
 def test_gather_normalize_values_are_the_table():
     # Independent of the reference: every output value is table[c, pixel].
     rng = np.random.default_rng(5)
@@ -125,6 +145,23 @@ def test_gather_rows_matches_reference(threads, rowbytes):
     tk.gather_rows(sources, idx, out)
     assert np.array_equal(out, ref.gather_rows(sources, idx, np.zeros_like(out)))
     assert np.array_equal(out, rows[idx])
+
+
+@pytest.mark.parametrize("batch", [0, 7, 3000])
+def test_gather_columns_matches_reference(threads, batch):
+    rng = np.random.default_rng(batch)
+    n = 5000
+    widths = [8, 1, 4, 2, 13, 8, 300]
+    full = [rng.integers(0, 256, size=(n, rb), dtype=np.uint8) for rb in widths]
+    cuts = sorted(rng.integers(0, n + 1, size=3).tolist())  # the same segments for every column
+    columns = [[np.ascontiguousarray(s) for s in np.split(col, cuts)] for col in full]
+    idx = rng.integers(0, n, size=batch).astype(np.int64)
+    outs = [np.zeros((batch, rb), np.uint8) for rb in widths]
+    tk.gather_columns(columns, idx, outs)
+    want = ref.gather_columns(columns, idx, [np.zeros_like(o) for o in outs])
+    for col, out, w in zip(full, outs, want, strict=True):
+        assert np.array_equal(out, w)
+        assert np.array_equal(out, col[idx])
 
 
 def test_typed_columns_through_gather_rows():

@@ -26,13 +26,13 @@ def test_installed_kernels_pass():
 
 @pytest.mark.parametrize("version", ["0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local"])
 def test_versions_in_range_pass(version):
-    assert _kernels.check_kernels(_fake(version, 1)).__version__ == version
+    assert _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI)).__version__ == version
 
 
 @pytest.mark.parametrize("version", ["0.0.9", "0.2.0", "1.0.0", "garbage", None])
 def test_versions_out_of_range_name_versions_and_the_fix(version):
     with pytest.raises(ImportError) as info:
-        _kernels.check_kernels(_fake(version, 1))
+        _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI))
     msg = str(info.value)
     assert f"tbl-kernels {version} is installed" in msg
     assert "tbl-kernels>=0.1.0,<0.2" in msg
@@ -40,8 +40,9 @@ def test_versions_out_of_range_name_versions_and_the_fix(version):
 
 
 def test_abi_mismatch_names_both_abis_and_the_fix():
-    with pytest.raises(ImportError, match=r"ABI 1 but the installed tbl-kernels 0\.1\.0 has ABI 2") as info:
-        _kernels.check_kernels(_fake("0.1.0", 2))
+    ours, other = _kernels.KERNELS_ABI, _kernels.KERNELS_ABI + 1
+    with pytest.raises(ImportError, match=rf"ABI {ours} but the installed tbl-kernels 0\.1\.0 has ABI {other}") as info:
+        _kernels.check_kernels(_fake("0.1.0", other))
     assert 'pip install "tbl-kernels>=0.1.0,<0.2"' in str(info.value)
 
 

@@ -13,8 +13,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dispatch.hpp"
@@ -27,7 +31,7 @@ namespace nb = nanobind;
 namespace tbl {
 namespace {
 
-constexpr int kAbi = 1;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any binding change
+constexpr int kAbi = 2;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any binding change
 
 using SrcArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -327,6 +331,34 @@ void gather_u8(const std::vector<SrcArray>& sources, const IndexArray& indices, 
     run_gather(sources, indices, out, std::nullopt, flip, layout, std::nullopt);
 }
 
+// Resampling weights of one (input size, output size) pair, cached per thread:
+// random crops of a batch repeat sizes, and computing the float64 weights per
+// image cost about a tenth of the crop path. The cache is emptied when it grows
+// past a few MiB, which only ever happens before either lookup of a sample.
+class AxisWeightsCache {
+   public:
+    // Weights for (h, OH) and (w, OW); valid until the next call.
+    std::pair<const AxisWeights*, const AxisWeights*> get(int64_t h, int64_t OH, int64_t w, int64_t OW) {
+        if (bytes_ > kMaxBytes) map_.clear(), bytes_ = 0;
+        const AxisWeights* v = &lookup(h, OH);
+        return {v, &lookup(w, OW)};  // unordered_map never moves its elements on insert
+    }
+
+   private:
+    static constexpr size_t kMaxBytes = size_t{8} << 20;
+    const AxisWeights& lookup(int64_t in, int64_t out) {
+        const uint64_t key = (static_cast<uint64_t>(in) << 32) | static_cast<uint64_t>(out);
+        auto [it, inserted] = map_.try_emplace(key);
+        if (inserted) {
+            compute_axis_weights(in, out, it->second);
+            bytes_ += it->second.start.size() * sizeof(int32_t) + it->second.coef.size() * sizeof(int16_t) + 64;
+        }
+        return it->second;
+    }
+    std::unordered_map<uint64_t, AxisWeights> map_;
+    size_t bytes_ = 0;
+};
+
 struct ResampleBuffers {
     std::vector<uint8_t> vpass, transposed, result, image;
     std::vector<int32_t> acc;
@@ -376,7 +408,7 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
     const Lut32& lut32 = luts.lut32;
     parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
         thread_local ResampleBuffers buf;
-        AxisWeights wv, wh;
+        thread_local AxisWeightsCache weights;
         for (int64_t b = b0; b < b1; ++b) {
             const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
             const uint8_t* box = ptrs[b] + (t * W + l) * C;
@@ -387,8 +419,7 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
                 // Both axes are identities under the rule (one tap of 2**14): read the box in place.
                 s.row_stride = W * C;
             } else {
-                compute_axis_weights(h, OH, wv);
-                compute_axis_weights(w, OW, wh);
+                const auto [wv, wh] = weights.get(h, OH, w, OW);
                 // Padding: transpose_pixels reads past the end of its source.
                 buf.vpass.resize(OH * w * C + kTransposePad);
                 buf.transposed.resize(OH * w * C);
@@ -397,9 +428,9 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
                 buf.acc.resize(std::max(w, OH) * C);
                 // Vertical pass over the box columns; transpose so that the horizontal
                 // pass is the same contiguous row operation; transpose back.
-                K.resample_rows(box, W * C, wv, w * C, buf.vpass.data(), buf.acc.data());
+                K.resample_rows(box, W * C, *wv, w * C, buf.vpass.data(), buf.acc.data());
                 K.transpose_pixels(buf.vpass.data(), OH, w, C, buf.transposed.data());
-                K.resample_rows(buf.transposed.data(), OH * C, wh, OH * C, buf.result.data(), buf.acc.data());
+                K.resample_rows(buf.transposed.data(), OH * C, *wh, OH * C, buf.result.data(), buf.acc.data());
                 K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
                 img = buf.image.data();
             }
@@ -414,23 +445,98 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
     });
 }
 
-void gather_rows(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray out) {
-    Sources S = make_sources(sources, 2, "(N, rowbytes) uint8");
-    check_batch(indices, out);
-    check_u8_out(out);
-    if (out.ndim() != 2 || static_cast<int64_t>(out.shape(1)) != S.sample_bytes)
-        throw nb::value_error(("out has shape " + shape_of(out) + "; expected (" +
-                               std::to_string(indices.shape(0)) + ", " + std::to_string(S.sample_bytes) + ")")
+// out_l[b] = row indices[b] of column l, for every column at once. Each column is
+// one fixed-size leaf split over the same segments (shards), so the segment and
+// local row of every index are found once and reused for all of them.
+// `rows_api`: called as gather_rows (one column; errors name `out`, not `outs[0]`).
+void run_gather_columns(const std::vector<std::vector<SrcArray>>& columns, const IndexArray& indices,
+                        std::vector<OutArray>& outs, bool rows_api) {
+    if (columns.size() != outs.size())
+        throw nb::value_error(("columns has " + std::to_string(columns.size()) + " entries but outs has " +
+                               std::to_string(outs.size()) + ": one output per column")
                                   .c_str());
-    check_no_overlap(S, out);
-    const std::vector<const uint8_t*> ptrs = resolve(S, indices);
-    const int64_t rb = S.sample_bytes;
-    auto* dst = static_cast<uint8_t*>(out.data());
-    // Small rows are copied in chunks of about 64 KiB per task.
-    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(rb, 1));
-    parallel_for(static_cast<int64_t>(ptrs.size()), grain, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) std::memcpy(dst + b * rb, ptrs[b], static_cast<size_t>(rb));
+    const size_t L = columns.size();
+    std::vector<Sources> S;
+    S.reserve(L);
+    for (size_t l = 0; l < L; ++l) {
+        S.push_back(make_sources(columns[l], 2, "(N, rowbytes) uint8"));
+        const std::string name = rows_api ? "out" : "outs[" + std::to_string(l) + "]";
+        OutArray& out = outs[l];
+        check_batch(indices, out);
+        check_u8_out(out);
+        if (out.ndim() != 2 || static_cast<int64_t>(out.shape(1)) != S[l].sample_bytes)
+            throw nb::value_error((name + " has shape " + shape_of(out) + "; expected (" +
+                                   std::to_string(indices.shape(0)) + ", " + std::to_string(S[l].sample_bytes) +
+                                   ")")
+                                      .c_str());
+        if (l > 0 && S[l].end != S[0].end)
+            throw nb::value_error(("columns[" + std::to_string(l) +
+                                   "] is split into segments of other row counts than columns[0]: every "
+                                   "column must hold the same rows of the same segments")
+                                      .c_str());
+    }
+    for (size_t l = 0; l < L; ++l) {
+        for (const Sources& src : S) check_no_overlap(src, outs[l]);
+        const auto lo = reinterpret_cast<uintptr_t>(outs[l].data());
+        for (size_t m = 0; m < l; ++m) {
+            const auto mlo = reinterpret_cast<uintptr_t>(outs[m].data());
+            if (outs[l].nbytes() && outs[m].nbytes() && lo < mlo + outs[m].nbytes() && mlo < lo + outs[l].nbytes())
+                throw nb::value_error(("outs[" + std::to_string(l) + "] overlaps outs[" + std::to_string(m) +
+                                       "] in memory")
+                                          .c_str());
+        }
+    }
+    if (L == 0) return;
+    // Rows as (segment, row within it); every column shares them.
+    const Sources& S0 = S[0];
+    const int64_t B = static_cast<int64_t>(indices.shape(0));
+    const int64_t* idx = indices.data();
+    std::vector<int32_t> seg(B);
+    std::vector<int64_t> row(B);
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t i = idx[b];
+        if (i < 0 || i >= S0.total)
+            throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(i) +
+                                   " is out of range for " + std::to_string(S0.total) + " rows in " +
+                                   std::to_string(S0.base.size()) + " segment(s)")
+                                      .c_str());
+        const size_t k = std::upper_bound(S0.end.begin(), S0.end.end(), i) - S0.end.begin();
+        seg[b] = static_cast<int32_t>(k);
+        row[b] = i - (k == 0 ? 0 : S0.end[k - 1]);
+    }
+    int64_t total_bytes = 0;
+    for (const Sources& src : S) total_bytes += src.sample_bytes;
+    // Small rows are copied in chunks of about 64 KiB per task; small batches run inline.
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(total_bytes, 1));
+    parallel_for(B, grain, [&](int64_t b0, int64_t b1) {
+        for (size_t l = 0; l < L; ++l) {
+            const int64_t rb = S[l].sample_bytes;
+            const uint8_t* const* base = S[l].base.data();
+            auto* dst = static_cast<uint8_t*>(outs[l].data());
+            // Fixed-size copies for the common scalar widths compile to single moves.
+            auto copy = [&](auto width) {
+                for (int64_t b = b0; b < b1; ++b)
+                    std::memcpy(dst + b * rb, base[seg[b]] + row[b] * rb, static_cast<size_t>(width));
+            };
+            switch (rb) {
+                case 1: copy(std::integral_constant<size_t, 1>{}); break;
+                case 2: copy(std::integral_constant<size_t, 2>{}); break;
+                case 4: copy(std::integral_constant<size_t, 4>{}); break;
+                case 8: copy(std::integral_constant<size_t, 8>{}); break;
+                default: copy(static_cast<size_t>(rb));
+            }
+        }
     });
+}
+
+void gather_columns(const std::vector<std::vector<SrcArray>>& columns, const IndexArray& indices,
+                    std::vector<OutArray> outs) {
+    run_gather_columns(columns, indices, outs, false);
+}
+
+void gather_rows(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray out) {
+    std::vector<OutArray> outs{out};
+    run_gather_columns({sources}, indices, outs, true);
 }
 
 void set_threads(int n) {
@@ -473,4 +579,6 @@ NB_MODULE(_core, m) {
           arg("flip").noconvert().none(), arg("layout"), arg("affine_hint").none() = nb::none(), Release());
     m.def("gather_rows", &gather_rows, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("out").noconvert(), Release());
+    m.def("gather_columns", &gather_columns, arg("columns").noconvert(), arg("indices").noconvert(),
+          arg("outs").noconvert(), Release());
 }

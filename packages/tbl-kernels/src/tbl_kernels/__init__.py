@@ -18,11 +18,12 @@ from . import _core
 from .tables import affine_hint, normalization_table
 
 __version__ = "0.1.0"
-KERNELS_ABI = 1  # bumped on any binding change; the compiled module must agree
+KERNELS_ABI = 2  # bumped on any binding change; the compiled module must agree
 
 __all__ = [
     "KERNELS_ABI",
     "__version__",
+    "gather_columns",
     "gather_crop_resize",
     "gather_normalize",
     "gather_rows",
@@ -71,27 +72,36 @@ def set_simd(level: str) -> None:
     _core.set_simd(level)
 
 
+# Argument checks. The binding enforces every rule itself (arrays are taken with
+# noconvert, so nothing is silently copied), but nanobind's refusal is a generic
+# "incompatible function arguments" TypeError. The wrappers therefore call the
+# binding first and, only when it refuses, run these checks to raise the error
+# that names the problem: the common path pays nothing for readable messages,
+# which matters for kernels called on small batches.
+
+
 def _check_array(name: str, a: Any) -> None:
-    # Cheap, readable checks for numpy arrays; the binding enforces the same rules
-    # for every array-like (torch tensors arrive through DLPack).
     if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
 
 
-def _check_out(out: Any) -> None:
-    _check_array("out", out)
+def _check_out(out: Any, name: str = "out") -> None:
+    _check_array(name, out)
     if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise ValueError("out is read-only")
+        raise ValueError(f"{name} is read-only")
 
 
-def _check_sources(sources: Sequence[Any]) -> list[Any]:
-    if isinstance(sources, np.ndarray) or not isinstance(sources, Sequence):
-        raise TypeError(f"sources must be a list of uint8 arrays, got {type(sources).__name__}")
+def _check_list(name: str, value: Any, what: str) -> None:
+    # Checked before the call: nanobind would take an array as a sequence of its rows.
+    if type(value) is not list and (isinstance(value, np.ndarray) or not isinstance(value, Sequence)):
+        raise TypeError(f"{name} must be a list of {what}, got {type(value).__name__}")
+
+
+def _check_sources(sources: Sequence[Any], name: str = "sources") -> None:
     for k, s in enumerate(sources):
-        _check_array(f"sources[{k}]", s)
+        _check_array(f"{name}[{k}]", s)
         if isinstance(s, np.ndarray) and s.dtype != np.uint8:
-            raise TypeError(f"sources[{k}] has dtype {s.dtype}; expected uint8")
-    return list(sources)
+            raise TypeError(f"{name}[{k}] has dtype {s.dtype}; expected uint8")
 
 
 def _check_indices(indices: Any) -> None:
@@ -100,6 +110,18 @@ def _check_indices(indices: Any) -> None:
         raise TypeError(
             f"indices must be a 1-D int64 array, got dtype {indices.dtype} and shape {indices.shape}"
         )
+
+
+def _call(kernel: Any, args: tuple[Any, ...], explain: Any) -> None:
+    """``kernel(*args)``; if the binding refuses the arguments, raise the clearer error ``explain()`` finds."""
+    try:
+        kernel(*args)
+    except TypeError:
+        try:
+            explain()
+        except (TypeError, ValueError) as clearer:
+            raise clearer from None
+        raise
 
 
 def _layout(layout: str | None, out: Any, channels: int | None) -> str:
@@ -141,22 +163,29 @@ def gather_normalize(
     ``flip``: optional uint8/bool ``(B,)`` mask. ``layout``: ``"CHW"``, ``"HWC"`` or
     None to take it from out's shape. ``out[b] = table[c, sources[indices[b]]]``.
     """
-    sources = _check_sources(sources)
-    _check_indices(indices)
-    _check_out(out)
-    _core.gather_normalize(
-        sources, indices, out, table, flip, _layout(layout, out, _channels(sources)), affine_hint(table)
-    )
+    _check_list("sources", sources, "uint8 arrays")
+
+    def explain() -> None:
+        _check_sources(sources)
+        _check_indices(indices)
+        _check_out(out)
+
+    layout = _layout(layout, out, _channels(sources))
+    _call(_core.gather_normalize, (sources, indices, out, table, flip, layout, affine_hint(table)), explain)
 
 
 def gather_u8(
     sources: Sequence[Any], indices: Any, out: Any, flip: Any = None, layout: str | None = None
 ) -> None:
     """Like ``gather_normalize`` without the table: uint8 ``out``, gather + flip + layout only."""
-    sources = _check_sources(sources)
-    _check_indices(indices)
-    _check_out(out)
-    _core.gather_u8(sources, indices, out, flip, _layout(layout, out, _channels(sources)))
+    _check_list("sources", sources, "uint8 arrays")
+
+    def explain() -> None:
+        _check_sources(sources)
+        _check_indices(indices)
+        _check_out(out)
+
+    _call(_core.gather_u8, (sources, indices, out, flip, _layout(layout, out, _channels(sources))), explain)
 
 
 def gather_crop_resize(
@@ -180,32 +209,57 @@ def gather_crop_resize(
     clamped to 0..255 (so the intermediate is uint8). The flip is applied to the
     resized image; ``table=None`` writes uint8.
     """
-    sources = _check_sources(sources)
-    _check_indices(indices)
-    _check_array("boxes", boxes)
-    if isinstance(boxes, np.ndarray) and (boxes.dtype != np.int32 or boxes.ndim != 2):
-        raise TypeError(
-            f"boxes must be a 2-D int32 array (B, 4), got dtype {boxes.dtype} and shape {boxes.shape}"
-        )
-    _check_out(out)
-    _core.gather_crop_resize(
-        sources,
-        indices,
-        boxes,
-        out,
-        table,
-        flip,
-        _layout(layout, out, _channels(sources)),
-        affine_hint(table),
-    )
+    _check_list("sources", sources, "uint8 arrays")
+
+    def explain() -> None:
+        _check_sources(sources)
+        _check_indices(indices)
+        _check_array("boxes", boxes)
+        if isinstance(boxes, np.ndarray) and (boxes.dtype != np.int32 or boxes.ndim != 2):
+            raise TypeError(
+                f"boxes must be a 2-D int32 array (B, 4), got dtype {boxes.dtype} and shape {boxes.shape}"
+            )
+        _check_out(out)
+
+    layout = _layout(layout, out, _channels(sources))
+    _call(_core.gather_crop_resize, (sources, indices, boxes, out, table, flip, layout, affine_hint(table)), explain)
 
 
 def gather_rows(sources: Sequence[Any], indices: Any, out: Any) -> None:
     """Copy row ``indices[b]`` of the concatenated uint8 ``(N_k, rowbytes)`` sources into ``out[b]``."""
-    sources = _check_sources(sources)
-    _check_indices(indices)
-    _check_out(out)
-    _core.gather_rows(sources, indices, out)
+    _check_list("sources", sources, "uint8 arrays")
+
+    def explain() -> None:
+        _check_sources(sources)
+        _check_indices(indices)
+        _check_out(out)
+
+    _call(_core.gather_rows, (sources, indices, out), explain)
+
+
+def gather_columns(columns: Sequence[Sequence[Any]], indices: Any, outs: Sequence[Any]) -> None:
+    """``gather_rows`` of several columns over the same rows, in one call.
+
+    ``columns[l]`` is the list of uint8 ``(N_k, rowbytes_l)`` segments of column
+    ``l`` (one fixed-size field split over shards); every column must have
+    segments of the same row counts. ``outs[l]``: uint8 ``(B, rowbytes_l)``.
+    ``outs[l][b] = concat(columns[l])[indices[b]]``. The segment of each index is
+    found once for all columns, and the whole call costs one crossing into C++,
+    which is what matters for small batches of small rows.
+    """
+    _check_list("columns", columns, "lists of uint8 arrays")
+    for k, sources in enumerate(columns):
+        _check_list(f"columns[{k}]", sources, "uint8 arrays")
+    _check_list("outs", outs, "uint8 arrays")
+
+    def explain() -> None:
+        for k, sources in enumerate(columns):
+            _check_sources(sources, f"columns[{k}]")
+        _check_indices(indices)
+        for k, out in enumerate(outs):
+            _check_out(out, f"outs[{k}]")
+
+    _call(_core.gather_columns, (columns, indices, outs), explain)
 
 
 _simd_env = os.environ.get("TBL_KERNELS_SIMD")

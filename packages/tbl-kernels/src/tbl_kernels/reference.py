@@ -16,6 +16,7 @@ from .tables import normalization_table
 __all__ = [
     "PRECISION_BITS",
     "crop_resize_u8",
+    "gather_columns",
     "gather_crop_resize",
     "gather_normalize",
     "gather_rows",
@@ -88,6 +89,13 @@ def gather_rows(sources, indices, out) -> np.ndarray:
     """``out[b] = concat(sources)[indices[b]]`` for uint8 ``(N_k, rowbytes)`` sources."""
     out[...] = _concat_lookup(sources, indices)
     return out
+
+
+def gather_columns(columns, indices, outs) -> list[np.ndarray]:
+    """``gather_rows`` for each column ``columns[l]`` into ``outs[l]``, with the same indices."""
+    for sources, out in zip(columns, outs, strict=True):
+        gather_rows(sources, indices, out)
+    return list(outs)
 
 
 def resample_weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ __all__ = ["KERNELS_ABI", "KERNELS_REQUIREMENT", "check_kernels", "kernels"]
 KERNELS_REQUIREMENT = "tbl-kernels>=0.1.0,<0.2"
 """The pinned range; pyproject.toml carries the same string (a test checks they agree)."""
 
-KERNELS_ABI = 1
+KERNELS_ABI = 2
 """The binding ABI this loader calls (tbl_kernels.KERNELS_ABI must equal it)."""
 
 _PIN = re.fullmatch(r"tbl-kernels>=(\d+)\.(\d+)\.(\d+),<(\d+)\.(\d+)", KERNELS_REQUIREMENT)
