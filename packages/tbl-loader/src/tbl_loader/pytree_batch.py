@@ -10,8 +10,8 @@ validated integers reach the source) three small functions:
 - ``build(values)``: the pruned pytree around one value per selected leaf.
 
 A batch is assembled leaf by leaf. Fixed-size leaves (``int``, ``float``,
-``bool``, ``array``, ``image``) are gathered with ``gather_rows`` straight from
-the mapped columns into one fresh array per leaf: ``(B,)`` int64 / float64 /
+``bool``, ``array``, ``image``) are gathered together, by one ``gather_columns``
+kernel call straight from the mapped columns, into one fresh array per leaf: ``(B,)`` int64 / float64 /
 bool for scalars, ``(B, *shape)`` of the stored dtype for arrays. Variable-size
 leaves are read row by row and become, with ``var="list"``, a list of ``B``
 values (``str``, ``bytes``, or a fresh writable numpy array per row), and with
@@ -23,7 +23,7 @@ a list or tuple keeps its selected elements, in order.
 
 A :class:`RowSource` is what a batch is read from: an open ``tbl_format.Dataset``
 (which maps shards lazily, at most ``max_open`` at once) plus the one thing the
-dataset has no call for, gathering rows of a fixed-size leaf from several
+dataset has no call for, gathering rows of the fixed-size leaves from several
 shards with one kernel call.
 """
 
@@ -162,6 +162,8 @@ class Collator:
                 self.fixed.append(FixedLeaf(slot, path, dtype, leaf.row_shape, leaf.row_bytes))
             else:
                 self.var.append(VarLeaf(slot, path, leaf))
+        # The fixed-size leaves that hold bytes: gathered together, in one kernel call per batch.
+        self.gathered: tuple[FixedLeaf, ...] = tuple(leaf for leaf in self.fixed if leaf.row_bytes)
         access = _access(schema)
         selected = set(paths)
         slot_of = {p: k for k, p in enumerate(paths)}
@@ -210,11 +212,14 @@ class Collator:
         """The collated pytree of rows ``indices`` (validated contiguous int64) of a RowSource."""
         n = indices.shape[0]
         values: list[Any] = [None] * len(self.paths)
+        outs = []
         for leaf in self.fixed:
             out = np.empty((n, *leaf.row_shape), dtype=leaf.dtype)
-            if n and leaf.row_bytes:
-                source.gather(leaf.path, leaf.row_bytes, indices, out.view(np.uint8).reshape(n, leaf.row_bytes))
             values[leaf.slot] = out
+            if leaf.row_bytes:
+                outs.append(out.view(np.uint8).reshape(n, leaf.row_bytes))
+        if n and outs:
+            source.gather(self.gathered, indices, outs)
         if self.var:
             for v, col in zip(self.var, self.var_columns(source.get, indices), strict=True):
                 values[v.slot] = col
@@ -233,8 +238,8 @@ def content_fingerprint(dataset: tbl_format.Dataset) -> str:
 class RowSource:
     """Rows of one ``tbl_format.Dataset``, opened here, for ``ds[i]`` and batch gathers.
 
-    ``get(i)`` reads one row; ``gather`` copies rows of a fixed-size leaf with
-    ``gather_rows`` straight from the mapped columns: in one call over every
+    ``get(i)`` reads one row; ``gather`` copies rows of fixed-size leaves with
+    ``gather_columns`` straight from the mapped columns: in one call over every
     shard when all of them fit in ``max_open`` (the dataset then never evicts
     one, so the column views are kept between batches), otherwise per batch in
     groups of at most ``max_open`` of the shards the batch touches, fetched
@@ -263,7 +268,7 @@ class RowSource:
         self._rows = np.asarray(rows, dtype=np.int64)
         self._starts = np.cumsum(self._rows) - self._rows
         self._all_fit = len(rows) <= max_open
-        self._all_sources: dict[str, list[np.ndarray]] = {}
+        self._all_columns: dict[tuple[FixedLeaf, ...], list[list[np.ndarray]]] = {}
         # A single file is its only shard, mapped by open() and never evicted: its compiled row
         # reader is the dataset's ds[i] without the per-call dispatch.
         self.get = dataset.shard(0).get if dataset.files == [dataset.path] else dataset.__getitem__
@@ -272,22 +277,29 @@ class RowSource:
     def open_shards(self) -> int:
         return self.dataset.open_shards
 
-    def _column(self, k: int, leaf_path: str, row_bytes: int) -> np.ndarray:
-        col = self.dataset.shard(k).column(leaf_path)
-        return col.view(np.uint8).reshape(col.shape[0], row_bytes)
+    def _column(self, k: int, leaf: FixedLeaf) -> np.ndarray:
+        col = self.dataset.shard(k).column(leaf.path)
+        return col.view(np.uint8).reshape(col.shape[0], leaf.row_bytes)
 
-    def gather(self, leaf_path: str, row_bytes: int, indices: np.ndarray, out: np.ndarray) -> None:
-        """``out[b] = row indices[b]`` of a fixed-size leaf; indices int64, validated, out ``(B, row_bytes)`` uint8."""
+    def _segments(self, leaf: FixedLeaf) -> list[np.ndarray]:
+        """Every non-empty shard's column of ``leaf`` as ``(rows, row_bytes)`` uint8 (all shards fit)."""
+        return [
+            col.view(np.uint8).reshape(col.shape[0], leaf.row_bytes)
+            for col, r in zip(self.dataset.segments(leaf.path), self._rows.tolist(), strict=True)
+            if r
+        ]
+
+    def gather(self, leaves: tuple[FixedLeaf, ...], indices: np.ndarray, outs: list[np.ndarray]) -> None:
+        """``outs[l][b] = row indices[b]`` of fixed-size leaf ``leaves[l]``, every leaf in one kernel call.
+
+        ``indices``: validated int64; ``outs[l]``: ``(B, leaves[l].row_bytes)`` uint8.
+        """
         if self._all_fit:
-            sources = self._all_sources.get(leaf_path)
-            if sources is None:
-                sources = [
-                    col.view(np.uint8).reshape(col.shape[0], row_bytes)
-                    for col, r in zip(self.dataset.segments(leaf_path), self._rows.tolist(), strict=True)
-                    if r
-                ]
-                self._all_sources[leaf_path] = sources
-            kernels.gather_rows(sources, indices, out)
+            columns = self._all_columns.get(leaves)
+            if columns is None:
+                columns = [self._segments(leaf) for leaf in leaves]
+                self._all_columns[leaves] = columns
+            kernels.gather_columns(columns, indices, outs)
             return
         starts = self._starts
         shard_of = np.searchsorted(starts, indices, side="right") - 1
@@ -297,18 +309,19 @@ class RowSource:
             group = touched[a : a + step]
             # Rows of the group's shards, addressed in the concatenation of just those shards.
             bases = np.concatenate(([0], np.cumsum(self._rows[group])[:-1]))
-            sources = [self._column(k, leaf_path, row_bytes) for k in group.tolist()]
+            columns = [[self._column(k, leaf) for k in group.tolist()] for leaf in leaves]
             if group.shape[0] == touched.shape[0]:
                 local = indices - starts[shard_of] + bases[np.searchsorted(group, shard_of)]
-                kernels.gather_rows(sources, np.ascontiguousarray(local, dtype=np.int64), out)
+                kernels.gather_columns(columns, np.ascontiguousarray(local, dtype=np.int64), outs)
                 return
             sel = np.flatnonzero((shard_of >= group[0]) & (shard_of <= group[-1]))
             ks = shard_of[sel]
             local = indices[sel] - starts[ks] + bases[np.searchsorted(group, ks)]
-            part = np.empty((sel.shape[0], row_bytes), dtype=np.uint8)
-            kernels.gather_rows(sources, np.ascontiguousarray(local, dtype=np.int64), part)
-            out[sel] = part
-            del sources  # the next group's shards may evict these: their maps must be free to go
+            parts = [np.empty((sel.shape[0], leaf.row_bytes), dtype=np.uint8) for leaf in leaves]
+            kernels.gather_columns(columns, np.ascontiguousarray(local, dtype=np.int64), parts)
+            for out, part in zip(outs, parts, strict=True):
+                out[sel] = part
+            del columns  # the next group's shards may evict these: their maps must be free to go
 
     def __iter__(self) -> Iterator[Any]:
         """Every row in order, through the dataset's batched in-order decoder."""
@@ -316,7 +329,7 @@ class RowSource:
 
     def close(self) -> None:
         """Unmap every shard (views still held by callers keep their own map alive until dropped)."""
-        self._all_sources.clear()
+        self._all_columns.clear()
         self.get = None
         self.dataset.close()
 

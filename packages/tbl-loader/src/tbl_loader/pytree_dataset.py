@@ -3,8 +3,9 @@
 ``ds[i]`` is the dataset's compiled row accessor (one ``struct`` read per
 scalar leaf, zero-copy views for arrays). ``ds.get_batch(indices)`` (also
 ``ds[list]``, ``ds[array]``, ``ds[slice]`` and ``ds.__getitems__``) returns one
-collated pytree: every fixed-size leaf gathered into one fresh array by the
-``gather_rows`` kernel reading straight from the maps, variable-size leaves as
+collated pytree: every fixed-size leaf gathered into its own fresh array, all
+of them by one ``gather_columns`` kernel call reading straight from the maps,
+variable-size leaves as
 lists or padded arrays (see :mod:`tbl_loader.pytree_batch`).
 
 Processes. The maps belong to the process that opened them. Pickling (torch

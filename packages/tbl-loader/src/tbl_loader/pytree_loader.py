@@ -4,8 +4,8 @@ Everything about *which* rows come in *which* batch (shuffle, seed, epochs,
 ``drop_last``, ranks, padding, ``state_dict`` / resume) is
 :class:`tbl_loader.stream.BatchStream` and :mod:`tbl_loader.order`, the same
 code the image loader runs. This module supplies the batch source: on the
-producer thread it gathers every fixed-size leaf with the ``gather_rows``
-kernel into that leaf's ring buffer (pinned when ``pin_memory``; reused only
+producer thread it gathers every fixed-size leaf with one ``gather_columns``
+call, each into that leaf's ring buffer (pinned when ``pin_memory``; reused only
 once the user dropped every view of it, see :mod:`tbl_loader.ring`) and reads
 the variable-size leaves row by row.
 
@@ -37,7 +37,7 @@ class _ColumnBuffer(HostArray):
     """A ring buffer for one fixed-size leaf, in the leaf's own dtype (any stored dtype, bool included).
 
     Same liveness rule as HostArray (the reference count of ``root``); the kernel
-    view is the ``(capacity, row_bytes)`` uint8 reinterpretation ``gather_rows`` writes.
+    view is the ``(capacity, row_bytes)`` uint8 reinterpretation ``gather_columns`` writes.
     """
 
     def __init__(self, root: np.ndarray, row_bytes: int, pinned: Any = None) -> None:
@@ -112,9 +112,9 @@ class _PyTreeSource:
         ids = plan.sample_ids
         n = ids.shape[0]
         source = self.source
-        for leaf in self.collator.fixed:
-            if n and leaf.row_bytes:
-                source.gather(leaf.path, leaf.row_bytes, ids, buffers[leaf.path][:n])
+        gathered = self.collator.gathered
+        if n and gathered:
+            source.gather(gathered, ids, [buffers[leaf.path][:n] for leaf in gathered])
         if self.collator.var:
             buffers[_CELL][0] = self.collator.var_columns(source.get, ids)
 
