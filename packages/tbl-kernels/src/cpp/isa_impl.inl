@@ -224,10 +224,14 @@ static void affine_row16(const uint8_t* idx, int64_t n, int kind, const float* a
     int64_t j = 0;
     if (kind == 1) {
         for (; j + step <= n; j += step) {
-            for (int64_t k = 0; k < step; k += 8) {
-                const int blk = C == 1 ? 0 : static_cast<int>((k / 8) % 3);
-                const __m128i h = _mm256_cvtps_ph(affine8(idx + j + k, va[blk], vb[blk]), _MM_FROUND_TO_NEAREST_INT);
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + k), h);
+            for (int64_t k = 0; k < step; k += 16) {
+                // Two conversions per 32-byte store: as many stores per element as
+                // float32 output would need was what held float16 back.
+                const int b0 = C == 1 ? 0 : static_cast<int>((k / 8) % 3);
+                const int b1 = C == 1 ? 0 : static_cast<int>((k / 8 + 1) % 3);
+                const __m128i lo = _mm256_cvtps_ph(affine8(idx + j + k, va[b0], vb[b0]), _MM_FROUND_TO_NEAREST_INT);
+                const __m128i hi = _mm256_cvtps_ph(affine8(idx + j + k + 8, va[b1], vb[b1]), _MM_FROUND_TO_NEAREST_INT);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j + k), _mm256_set_m128i(hi, lo));
             }
         }
     } else {

@@ -25,6 +25,7 @@ __all__ = ["FORMAT", "KERNELS", "PYTREE_LOADER", "Script", "ScriptSuite"]
 class Script:
     module: str  # under tbl_bench.suites
     quick_args: tuple[str, ...] = ("--quick",)
+    full_args: tuple[str, ...] = ()  # arguments of a full (not --quick) run
     peer_flag: str | None = None  # the option naming the interpreter that has the peer tools
 
 
@@ -41,7 +42,7 @@ class ScriptSuite:
         for script in self.scripts:
             module = f"tbl_bench.suites.{script.module}"
             skip = None if importlib.util.find_spec(module) is not None else f"{module} does not exist"
-            args = list(script.quick_args) if ctx.quick else []
+            args = list(script.quick_args if ctx.quick else script.full_args)
             if ctx.peers and script.peer_flag:
                 args += [script.peer_flag, sys.executable]
             configs.append(Config(self.NAME, script.module, self.NAME, f"{module}:", {}, kind="script",
@@ -49,7 +50,7 @@ class ScriptSuite:
         return configs
 
 
-KERNELS = ScriptSuite("kernels", "C++ kernels", (Script("kernels", peer_flag="--peer-python"),))
+KERNELS = ScriptSuite("kernels", "C++ kernels", (Script("kernels", full_args=("--rounds", "3"), peer_flag="--peer-python"),))
 FORMAT = ScriptSuite("format", "Format open and pytree reads", (
     Script("format_open"),
     Script("format_read", peer_flag="--litdata-python"),
