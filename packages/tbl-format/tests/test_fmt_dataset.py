@@ -200,3 +200,80 @@ def test_closed_file_reads_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="closed"):
         shard.get(0)
     assert ds[2] == rows(2, 3)[0]  # the dataset itself maps again on demand
+
+
+def _leaf_of(sample, path):
+    for key in path.split("/"):
+        sample = sample[int(key) if isinstance(sample, (list, tuple)) else key]
+    return sample
+
+
+@pytest.mark.parametrize("layout", ["file", "shards"])
+def test_values_read_one_leaf_like_rows(tmp_path, numpy_mode, layout):
+    data = [{"i": i, "f": i / 4, "ok": i % 3 == 0, "s": "é" * (i % 4), "b": bytes([i % 256]) * (i % 3),
+             "t": (i, [f"n{i}"])} for i in range(50)]
+    kwargs = {"shard_rows": 7} if layout == "shards" else {}
+    ds = tf.open(tf.write(data, tmp_path / ("ds" if layout == "shards" else "a.tbl"), **kwargs))
+    rows = random.Random(1).choices(range(50), k=80)  # repeats, any order, every shard
+    for path in ds.leaf_paths:
+        got = ds.values(path, rows)
+        want = [_leaf_of(ds[i], path) for i in rows]
+        assert got == want and [type(g) for g in got] == [type(w) for w in want], path
+    assert ds.values("s", []) == []
+    for bad in (50, -1):
+        with pytest.raises(IndexError, match=f"row {bad} out of range for 50 rows"):
+            ds.values("s", [0, bad])
+    with pytest.raises(KeyError, match="no leaf 'nope'"):
+        ds.values("nope", [0])
+
+
+def test_values_of_array_leaves_with_and_without_numpy(tmp_path, numpy_mode):
+    np = pytest.importorskip("numpy")  # to write the arrays; the reader may still not see numpy
+    schema = Schema({"img": Leaf("image", shape=(2, 3, 3)), "e": Leaf("array", dtype="float16", shape=(0,)),
+                     "h": Leaf("array", dtype="float16", shape=(2,))})
+    data = [{"img": np.full((2, 3, 3), i, np.uint8), "e": np.zeros(0, np.float16),
+             "h": np.array([i, -i], np.float16)} for i in range(9)]
+    ds = tf.open(tf.write(data, tmp_path / "a.tbl", schema=schema))
+    rows = [8, 0, 4, 4]
+    for path in ds.leaf_paths:
+        got, want = ds.values(path, rows), [ds[i][path] for i in rows]
+        assert [type(g) for g in got] == [type(w) for w in want]
+        assert [g.tolist() for g in got] == [w.tolist() for w in want], path
+
+
+def test_values_of_arrays_and_compressed_heaps(tmp_path):
+    pytest.importorskip("lz4")
+    np = pytest.importorskip("numpy")
+    schema = Schema({"s": Leaf("str"), "r": Leaf("var_array", dtype="float32", ndim=1),
+                     "img": Leaf("image", shape=(2, 2, 3))})
+    data = [{"s": "text " * (i % 50), "r": np.arange(i % 40, dtype=np.float32),
+             "img": np.full((2, 2, 3), i % 256, np.uint8)} for i in range(3000)]
+    ds = tf.open(tf.write(data, tmp_path / "c.tbl", schema=schema, compression="lz4"))
+    rows = [2999, 0, 1234, 17, 17]
+    assert ds.values("s", rows) == [data[i]["s"] for i in rows]
+    for got, i in zip(ds.values("r", rows), rows, strict=True):
+        assert np.array_equal(got, data[i]["r"]) and got.dtype == np.float32
+    for got, i in zip(ds.values("img", rows), rows, strict=True):
+        assert np.array_equal(got, data[i]["img"])
+
+
+def test_values_refuse_broken_offsets(tmp_path, hdr):
+    path = tf.write([{"s": f"row{i}"} for i in range(10)], tmp_path / "a.tbl")
+    offsets = hdr.region(path, "s", "offsets")
+    hdr.patch_u64(path, offsets["offset"] + 8 * 4, 1 << 40)  # end of row 3, start of row 4
+    header = hdr.read(path)
+    hdr.refresh_table_crc(path, header, "s", "offsets")
+    ds = tf.open(path)
+    assert ds.values("s", [0, 9]) == ["row0", "row9"]
+    with pytest.raises(tf.OffsetsError, match="row 3"):
+        ds.values("s", [0, 3])
+
+
+def test_values_after_close_reopen_or_fail_clearly(tmp_path):
+    ds = tf.open(tf.write(rows(0, 5), tmp_path / "a.tbl"))
+    shard = ds.shard(0)
+    assert shard.values("s", [4]) == ["s4"]
+    ds.close()
+    with pytest.raises(ValueError, match="closed"):
+        shard.values("s", [0])
+    assert ds.values("s", [1, 2]) == ["s1", "s2"]

@@ -239,7 +239,9 @@ def exercise(path: Path) -> None:
             ds[i]
         for _ in itertools.islice(ds, MAX_ROWS):
             pass
+        rows = list(range(min(n, MAX_ROWS)))
         for leaf, spec in ds.schema.leaves.items():
+            ds.values(leaf, rows)
             if spec.fixed_size:
                 for col in ds.segments(leaf):
                     _touch(col)

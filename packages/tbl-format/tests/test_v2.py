@@ -119,6 +119,8 @@ def test_metadata_without_int_labels_is_kept_as_bytes(tmp_path, meta):
     for i, m, _t in meta:
         by_index.setdefault(i, m)
     assert [r["meta"] for r in ds] == [by_index.get(i, b"") for i in range(4)]
+    # values() of a v2 file: the Shard default, whole rows then the leaf.
+    assert ds.values("meta", [3, 0, 3]) == [by_index.get(i, b"") for i in (3, 0, 3)]
 
 
 def test_first_metadata_block_wins(tmp_path):

@@ -115,6 +115,10 @@ def test_get_batch_equals_stacked_items(sharded, max_open):
     assert_tree_equal(ds[10:20], stacked(ds, range(10, 20)))
     assert_tree_equal(ds.get_batch([]), stacked(ds, []))
     assert_tree_equal(ds.get_batch([-1, 0]), stacked(ds, [N - 1, 0]))
+    # Only variable-size leaves: negative rows take the same path through the full index check.
+    names = PyTreeDataset(sharded, leaves=["name", "raw"], max_open=max_open)
+    assert names.get_batch(np.array([-1, 0, 5])) == {"name": [ds[N - 1]["name"], ds[0]["name"], ds[5]["name"]],
+                                                    "raw": [ds[N - 1]["raw"], ds[0]["raw"], ds[5]["raw"]]}
 
 
 def test_get_batch_rejects_bad_indices(sharded):

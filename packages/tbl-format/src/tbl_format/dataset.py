@@ -20,7 +20,7 @@ from typing import Any
 from .errors import DatasetChangedError, ManifestMismatchError
 from .manifest import read_manifest
 from .schema import Schema
-from .shard import Progress, Shard, fixed_leaf, open_file
+from .shard import Progress, Shard, check_rows, fixed_leaf, open_file
 
 DEFAULT_MAX_OPEN = 64
 # In-order iteration decodes this many bytes' worth of rows per column batch.
@@ -44,7 +44,7 @@ def _restore(path: str, fingerprint: str, max_open: int) -> Dataset:
 class Dataset:
     """Rows of a dataset as sample pytrees. Build with ``tbl_format.open``.
 
-    ``len(ds)``; ``ds[i]``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
+    ``len(ds)``; ``ds[i]``; ``ds.values(leaf, rows)``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
     ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.segment_rows``;
     ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.close()``. Pickling keeps the path and the schema
     fingerprint; the unpickled copy maps the files again on first use and
@@ -155,6 +155,34 @@ class Dataset:
 
     def __getitem__(self, i: Any) -> Any:
         return self._get(i)
+
+    def values(self, leaf_path: str, rows: list[int]) -> list[Any]:
+        """Leaf ``leaf_path`` of each of ``rows`` (ints in ``[0, len)``, else IndexError), in order.
+
+        Each value is what ``ds[i]`` holds at that leaf, read without decoding
+        the rest of the row. Rows are read shard by shard, each shard's rows in
+        one call.
+        """
+        self._ensure()
+        if leaf_path not in self._schema.leaves:
+            raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(self._schema.leaves)}")
+        check_rows(rows, self._len)
+        if self._single:
+            return self._shards[0].values(leaf_path, rows)
+        starts = self._starts
+        by_shard: dict[int, tuple[list[int], list[int]]] = {}
+        for pos, i in enumerate(rows):
+            k = bisect_right(starts, i) - 1
+            group = by_shard.get(k)
+            if group is None:
+                group = by_shard[k] = ([], [])
+            group[0].append(pos)
+            group[1].append(i - starts[k])
+        out: list[Any] = [None] * len(rows)
+        for k, (positions, local) in by_shard.items():
+            for pos, value in zip(positions, self._shard(k).values(leaf_path, local), strict=True):
+                out[pos] = value
+        return out
 
     def __len__(self) -> int:
         self._ensure()

@@ -49,7 +49,7 @@ from .errors import (
 )
 from .layout import ALIGN, FORMAT_VERSION, HEADER_CAP, MAGIC, PREAMBLE, PREAMBLE_CRC_SPAN, PREAMBLE_SIZE
 from .schema import Leaf, Schema
-from .shard import Progress, Shard, fixed_leaf, release_map
+from .shard import Progress, Shard, check_rows, fixed_leaf, release_map
 
 _U64 = struct.Struct("<Q")
 _U64X2 = struct.Struct("<QQ")
@@ -365,6 +365,88 @@ class TblFile(Shard):
             cache[leaf_path] = self._fixed_view(leaf_path)
         return cache[leaf_path]
 
+    def values(self, leaf_path: str, rows: list[int]) -> list[Any]:
+        """Leaf ``leaf_path`` of each of ``rows`` (ints in ``[0, rows)``), each as ``get`` returns it.
+
+        Reads that one leaf only: a batch of strings does not decode the rest of
+        every row. Index errors are raised before anything is read.
+        """
+        if self._mm is None:
+            raise ValueError(f"{self.path}: read from a closed file")
+        readers = self.__dict__.setdefault("_value_readers", {})
+        read = readers.get(leaf_path)
+        if read is None:
+            if leaf_path not in self._cols:
+                raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(self._cols)}")
+            read = readers[leaf_path] = self._value_reader(leaf_path)
+        check_rows(rows, self.rows)
+        try:
+            return read(rows)
+        except _DECODE_ERRORS as exc:
+            raise CorruptDataError(f"{self.path}: leaf {leaf_path!r}: {exc!r}") from None
+
+    def _value_reader(self, path: str) -> Any:
+        """Function (rows) -> list of one leaf's values; rows already checked. Holds the map, never self."""
+        info = self._cols[path]
+        leaf: Leaf = info["leaf"]
+        regs = info["regions"]
+        mm = self._mm
+        if leaf.fixed_size:
+            b = regs["data"].offset
+            if leaf.kind in ("int", "float"):
+                unpack = struct.Struct("<q" if leaf.kind == "int" else "<d").unpack_from
+                return lambda rows: [unpack(mm, b + i * 8)[0] for i in rows]
+            if leaf.kind == "bool":
+                return lambda rows: [mm[b + i] != 0 for i in rows]
+            if _numpy() is not None:
+                col = self.column(path)
+                return lambda rows: [col[i] for i in rows]
+            # memoryview rows cast to the element format and shape, as get() returns them.
+            mv, size = self._mv, leaf.row_bytes
+            fmt = "H" if leaf.row_format == "e" else leaf.row_format
+            if 0 in leaf.row_shape:
+                return lambda rows: [mv[b + i * size : b + (i + 1) * size].cast(fmt) for i in rows]
+            shape = list(leaf.row_shape)
+            return lambda rows: [mv[b + i * size : b + (i + 1) * size].cast(fmt, shape) for i in rows]
+        o, h, limit = regs["offsets"].offset, regs["heap"].offset, info["logical"]
+        where = f"{self.path}: leaf {path!r}"
+        heap_read = None
+        if info["compression"] is not None:
+            _, block, raw_size = info["compression"]
+            heap_read = _Lz4Heap(self, path, regs["heap"], regs["index"], block, raw_size).read
+
+        def spans(rows: list[int]) -> list[tuple[int, int, int]]:
+            out = []
+            for i in rows:
+                s, e = _U64X2.unpack_from(mm, o + i * 8)
+                if not s <= e <= limit:
+                    raise OffsetsError(f"{where}: row {i}: offsets out of order")
+                out.append((i, s, e))
+            return out
+
+        if leaf.kind == "var_array":
+            array_at = self._var_array_reader(path, info, heap_read)
+            return lambda rows: [array_at(i, s, e) for i, s, e in spans(rows)]
+        if heap_read is not None:
+            if leaf.kind == "str":
+                return lambda rows: [heap_read(s, e).decode() for _, s, e in spans(rows)]
+            return lambda rows: [heap_read(s, e) for _, s, e in spans(rows)]
+        # Uncompressed str / bytes, the common case: one loop, no intermediate spans.
+        unpack = _U64X2.unpack_from
+        decode = leaf.kind == "str"
+
+        def read_heap(rows: list[int]) -> list[Any]:
+            out = []
+            append = out.append
+            for i in rows:
+                s, e = unpack(mm, o + i * 8)
+                if not s <= e <= limit:
+                    raise OffsetsError(f"{where}: row {i}: offsets out of order")
+                append(mm[h + s : h + e].decode() if decode else mm[h + s : h + e])
+            return out
+
+        return read_heap
+
     def _var_array_reader(self, path: str, info: dict[str, Any], heap_read: Any) -> Any:
         """Function (i, s, e) -> array of row i of a var_array leaf."""
         leaf: Leaf = info["leaf"]
@@ -589,6 +671,7 @@ def read_range(a, b):
     def close(self) -> None:
         """Drop this file's map. Views handed out earlier keep the map alive until they are gone."""
         self.__dict__.pop("_views", None)
+        self.__dict__.pop("_value_readers", None)
         path = self.path
 
         def closed(*args: Any) -> Any:

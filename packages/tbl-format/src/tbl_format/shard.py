@@ -31,7 +31,8 @@ class Shard:
     ``get(i)`` returns row ``i`` (``0 <= i < rows``; negative indices count
     from the end; anything else raises IndexError) as a sample pytree.
     ``column(path)`` returns the zero-copy (rows, *shape) view of a fixed-size
-    leaf. ``verify(progress)`` checks every data checksum and raises a
+    leaf. ``values(path, rows)`` returns one leaf of several rows, each value as
+    ``get`` would return it (the default reads whole rows; readers override it). ``verify(progress)`` checks every data checksum and raises a
     FormatError subclass on the first failure. ``close()`` releases the map;
     views handed out earlier keep it alive until they die.
     """
@@ -53,6 +54,13 @@ class Shard:
     def column(self, leaf_path: str) -> Any:
         raise NotImplementedError
 
+    def values(self, leaf_path: str, rows: list[int]) -> list[Any]:
+        """Leaf ``leaf_path`` of each of ``rows`` (ints in ``[0, self.rows)``, else IndexError), in order."""
+        pick = leaf_picker(self.schema, leaf_path)
+        check_rows(rows, self.rows)
+        get = self.get
+        return [pick(get(i)) for i in rows]
+
     def verify(self, progress: Progress | None = None) -> None:
         raise NotImplementedError
 
@@ -71,6 +79,40 @@ def release_map(mm: Any) -> None:
             mm.close()
         except BufferError:
             pass
+
+
+def check_rows(rows: list[int], n: int) -> None:
+    """IndexError unless every entry of ``rows`` is in [0, n) (negative rows are not wrapped)."""
+    if rows and (min(rows) < 0 or max(rows) >= n):
+        bad = next(i for i in rows if not 0 <= i < n)
+        raise IndexError(f"row {bad} out of range for {n} rows")
+
+
+def leaf_picker(schema: Schema, leaf_path: str) -> Callable[[Any], Any]:
+    """Function taking a sample pytree of ``schema`` to its value at ``leaf_path`` (KeyError if none)."""
+    if leaf_path not in schema.leaves:
+        raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(schema.leaves)}")
+    steps: list[Any] = []
+
+    def find(node: Any, path: str) -> bool:
+        if isinstance(node, Leaf):
+            return path == leaf_path
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, sub in items:
+            steps.append(key)
+            if find(sub, f"{path}/{key}" if path else str(key)):
+                return True
+            steps.pop()
+        return False
+
+    find(schema.tree, "")
+
+    def pick(sample: Any) -> Any:
+        for key in steps:
+            sample = sample[key]
+        return sample
+
+    return pick
 
 
 def fixed_leaf(schema: Schema, leaf_path: str) -> Leaf:

@@ -2,11 +2,10 @@
 
 A :class:`Collator` is built once per schema and leaf selection. It generates
 (Python source compiled with ``exec``; only ``repr()`` of dict keys and
-validated integers reach the source) three small functions:
+validated integers reach the source) two small functions:
 
 - ``select(sample)``: the selected leaves of a full sample, as the pruned pytree
   (and copies of array leaves when asked); used by ``ds[i]``;
-- ``pick_var(sample)``: the tuple of the variable-size leaves of a sample;
 - ``build(values)``: the pruned pytree around one value per selected leaf.
 
 A batch is assembled leaf by leaf. Fixed-size leaves (``int``, ``float``,
@@ -173,31 +172,29 @@ class Collator:
         ns: dict[str, Any] = {"COPY": _copy_array}
         select_tree = _pruned(schema, selected, lambda p: f"COPY({access[p]})" if p in copies else access[p])
         build_tree = _pruned(schema, selected, lambda p: f"v[{slot_of[p]}]")
-        var_items = "".join(access[v.path] + ", " for v in self.var)
         src = (
             f"def select(s):\n    return {select_tree}\n\n"
-            f"def build(v):\n    return {build_tree}\n\n"
-            f"def pick_var(s):\n    return ({var_items})\n"
+            f"def build(v):\n    return {build_tree}\n"
         )
         exec(compile(src, "<tbl pytree collator>", "exec"), ns)
         self.select: Callable[[Any], Any] = ns["select"]
         self.build: Callable[[list[Any]], Any] = ns["build"]
-        self.pick_var: Callable[[Any], tuple[Any, ...]] = ns["pick_var"]
 
     # ---- batches ------------------------------------------------------------------------------
-    def var_columns(self, get: Callable[[int], Any], indices: np.ndarray) -> list[Any]:
-        """One finished batch value per variable-size leaf (list or Padded), in ``self.var`` order."""
+    def var_columns(self, source: RowSource, indices: np.ndarray) -> list[Any]:
+        """One finished batch value per variable-size leaf (list or Padded), in ``self.var`` order.
+
+        ``indices`` must lie in ``[0, len)`` (IndexError otherwise, before anything is read).
+        """
         if not self.var:
             return []
-        pick = self.pick_var
-        rows = [pick(get(i)) for i in indices.tolist()]
-        columns = list(zip(*rows, strict=True)) if rows else [() for _ in self.var]
-        return [self._finish(v.leaf, col) for v, col in zip(self.var, columns, strict=True)]
+        rows = indices.tolist()
+        return [self._finish(v.leaf, source.values(v.path, rows)) for v in self.var]
 
-    def _finish(self, leaf: Leaf, values: tuple[Any, ...]) -> Any:
+    def _finish(self, leaf: Leaf, values: list[Any]) -> Any:
         kind = leaf.kind
         if kind == "str":
-            return list(values)
+            return values
         if kind == "var_array":
             if self.var_mode == "list":
                 # Fresh writable copies: the row values are read-only views of the map.
@@ -205,7 +202,7 @@ class Collator:
             return _pad_arrays(values, leaf)
         # bytes / encoded_image: bytes objects are already copies.
         if self.var_mode == "list":
-            return list(values)
+            return values
         return _pad_bytes(values)
 
     def batch(self, source: RowSource, indices: np.ndarray) -> Any:
@@ -221,7 +218,7 @@ class Collator:
         if n and outs:
             source.gather(self.gathered, indices, outs)
         if self.var:
-            for v, col in zip(self.var, self.var_columns(source.get, indices), strict=True):
+            for v, col in zip(self.var, self.var_columns(source, indices), strict=True):
                 values[v.slot] = col
         return self.build(values)
 
@@ -238,7 +235,8 @@ def content_fingerprint(dataset: tbl_format.Dataset) -> str:
 class RowSource:
     """Rows of one ``tbl_format.Dataset``, opened here, for ``ds[i]`` and batch gathers.
 
-    ``get(i)`` reads one row; ``gather`` copies rows of fixed-size leaves with
+    ``get(i)`` reads one row; ``values(leaf, rows)`` one variable-size leaf of
+    many rows (``Dataset.values``); ``gather`` copies rows of fixed-size leaves with
     ``gather_columns`` straight from the mapped columns: in one call over every
     shard when all of them fit in ``max_open`` (the dataset then never evicts
     one, so the column views are kept between batches), otherwise per batch in
@@ -272,6 +270,7 @@ class RowSource:
         # A single file is its only shard, mapped by open() and never evicted: its compiled row
         # reader is the dataset's ds[i] without the per-call dispatch.
         self.get = dataset.shard(0).get if dataset.files == [dataset.path] else dataset.__getitem__
+        self.values = dataset.values
 
     @property
     def open_shards(self) -> int:
@@ -330,11 +329,11 @@ class RowSource:
     def close(self) -> None:
         """Unmap every shard (views still held by callers keep their own map alive until dropped)."""
         self._all_columns.clear()
-        self.get = None
+        self.get = self.values = None
         self.dataset.close()
 
 
-def _pad_arrays(values: tuple[Any, ...], leaf: Leaf) -> Padded:
+def _pad_arrays(values: list[Any], leaf: Leaf) -> Padded:
     ndim = leaf.ndim or 1
     n = len(values)
     lengths = np.zeros((n, ndim), dtype=np.int64)
@@ -347,7 +346,7 @@ def _pad_arrays(values: tuple[Any, ...], leaf: Leaf) -> Padded:
     return Padded(data, lengths)
 
 
-def _pad_bytes(values: tuple[Any, ...]) -> Padded:
+def _pad_bytes(values: list[Any]) -> Padded:
     n = len(values)
     lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
     data = np.zeros((n, int(lengths.max()) if n else 0), dtype=np.uint8)

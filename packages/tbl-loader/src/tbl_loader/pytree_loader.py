@@ -116,7 +116,7 @@ class _PyTreeSource:
         if n and gathered:
             source.gather(gathered, ids, [buffers[leaf.path][:n] for leaf in gathered])
         if self.collator.var:
-            buffers[_CELL][0] = self.collator.var_columns(source.get, ids)
+            buffers[_CELL][0] = self.collator.var_columns(source, ids)
 
 
 class PyTreeLoader(BatchStream):
