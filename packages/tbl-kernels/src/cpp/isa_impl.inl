@@ -82,7 +82,15 @@ static void row_bytes_impl(const uint8_t* __restrict row, int64_t W, int64_t sx_
             uint8_t* d1 = dst + plane;
             uint8_t* d2 = dst + 2 * plane;
             if (flip) {
-                for (; x0 + 16 <= W; x0 += 16) deinterleave16<true>(row + (W - 16 - x0) * 3, d0 + x0, d1 + x0, d2 + x0);
+                // Output block [x, x + 16) holds source pixels [W - 16 - x, W - x), reversed. The
+                // blocks go in ascending source order: reading a row backwards defeated the
+                // hardware prefetcher and made flipped batches ~40% slower on 2 threads.
+                const int64_t blocks = W / 16;
+                for (int64_t k = blocks - 1; k >= 0; --k) {
+                    const int64_t x = 16 * k;
+                    deinterleave16<true>(row + (W - 16 - x) * 3, d0 + x, d1 + x, d2 + x);
+                }
+                x0 = 16 * blocks;
             } else {
                 for (; x0 + 16 <= W; x0 += 16) deinterleave16<false>(row + x0 * 3, d0 + x0, d1 + x0, d2 + x0);
             }
