@@ -83,10 +83,14 @@ struct Sources {
     int64_t total = 0;
     std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // byte ranges, for the overlap check
 
-    const uint8_t* sample(int64_t i) const {
+    // (source, item within it) of global index i, 0 <= i < total.
+    std::pair<size_t, int64_t> locate(int64_t i) const {
         const size_t s = std::upper_bound(end.begin(), end.end(), i) - end.begin();
-        const int64_t first = s == 0 ? 0 : end[s - 1];
-        return base[s] + (i - first) * sample_bytes;
+        return {s, i - (s == 0 ? 0 : end[s - 1])};
+    }
+    const uint8_t* sample(int64_t i) const {
+        const auto [s, item] = locate(i);
+        return base[s] + item * sample_bytes;
     }
 };
 
@@ -119,18 +123,22 @@ Sources make_sources(const std::vector<SrcArray>& sources, size_t ndim, const ch
     return S;
 }
 
+// IndexError unless indices[b] = i addresses one of the S.total items (`items`: what they are).
+void check_index(const Sources& S, int64_t b, int64_t i, const char* items) {
+    if (i < 0 || i >= S.total)
+        throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(i) + " is out of range for " +
+                               std::to_string(S.total) + " " + items + " in " + std::to_string(S.base.size()) +
+                               " source(s)")
+                                  .c_str());
+}
+
 std::vector<const uint8_t*> resolve(const Sources& S, const IndexArray& indices) {
     const int64_t B = static_cast<int64_t>(indices.shape(0));
     const int64_t* idx = indices.data();
     std::vector<const uint8_t*> ptrs(B);
     for (int64_t b = 0; b < B; ++b) {
-        const int64_t i = idx[b];
-        if (i < 0 || i >= S.total)
-            throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(i) +
-                                   " is out of range for " + std::to_string(S.total) + " samples in " +
-                                   std::to_string(S.base.size()) + " source(s)")
-                                      .c_str());
-        ptrs[b] = S.sample(i);
+        check_index(S, b, idx[b], "samples");
+        ptrs[b] = S.sample(idx[b]);
     }
     return ptrs;
 }
@@ -494,15 +502,10 @@ void run_gather_columns(const std::vector<std::vector<SrcArray>>& columns, const
     std::vector<int32_t> seg(B);
     std::vector<int64_t> row(B);
     for (int64_t b = 0; b < B; ++b) {
-        const int64_t i = idx[b];
-        if (i < 0 || i >= S0.total)
-            throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(i) +
-                                   " is out of range for " + std::to_string(S0.total) + " rows in " +
-                                   std::to_string(S0.base.size()) + " segment(s)")
-                                      .c_str());
-        const size_t k = std::upper_bound(S0.end.begin(), S0.end.end(), i) - S0.end.begin();
+        check_index(S0, b, idx[b], "rows");
+        const auto [k, r] = S0.locate(idx[b]);
         seg[b] = static_cast<int32_t>(k);
-        row[b] = i - (k == 0 ? 0 : S0.end[k - 1]);
+        row[b] = r;
     }
     int64_t total_bytes = 0;
     for (const Sources& src : S) total_bytes += src.sample_bytes;
