@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <optional>
 #include <string>
@@ -70,6 +71,7 @@ std::string dtype_name(const nb::dlpack::dtype& d) {
         case Code::Bfloat: base = "bfloat"; break;
         case Code::Complex: base = "complex"; break;
         case Code::Bool: base = "bool"; break;
+        default: break;  // newer DLPack codes (float8 variants, ...): "?" plus the bit width
     }
     return std::string(base) + std::to_string(d.bits);
 }
@@ -383,7 +385,9 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
         throw nb::value_error(("sources have " + std::to_string(C) + " channels; expected 1 or 3").c_str());
     check_batch(indices, out);
     const int64_t B = static_cast<int64_t>(indices.shape(0));
-    const auto [OH, OW] = check_image_out(out, chw, C);
+    // Plain variables, not structured bindings: the batch lambda captures them (C++17).
+    int64_t OH = 0, OW = 0;
+    std::tie(OH, OW) = check_image_out(out, chw, C);
     if (OH < 1 || OW < 1 || OH > (1 << 24) || OW > (1 << 24))
         throw nb::value_error(("out has shape " + shape_of(out) + ": output height and width must be >= 1").c_str());
     if (static_cast<int64_t>(boxes.shape(0)) != B || boxes.shape(1) != 4)
