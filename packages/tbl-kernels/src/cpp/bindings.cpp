@@ -271,32 +271,52 @@ Lut32 make_lut32(const IsaKernels& K, const void* table, int64_t C, const std::o
     return lut;
 }
 
-// The lookup state of one normalizing call, shared by its threads (elem: the output's
-// bytes per value, 1 for uint8 output). Not copyable: lut16.wide points into `wide`.
+// The output side of one image call, shared by its threads: the element size
+// (elem: 4 or 2 for normalized outputs, 1 for uint8) and the lookup state.
+// Not copyable: lut16.wide points into `wide`.
 struct OutputLuts {
+    const IsaKernels& K;
+    const int elem;
     std::vector<uint32_t> wide;
     Lut16 lut16{};
     Lut32 lut32{};
 
-    OutputLuts(const IsaKernels& K, const std::optional<TableArray>& table, int elem, int64_t C,
+    OutputLuts(const IsaKernels& kernels, const std::optional<TableArray>& table, int elem_bytes, int64_t C,
                const std::optional<std::vector<double>>& hint)
-        : wide(widen_table(table ? table->data() : nullptr, elem, C)) {
+        : K(kernels), elem(elem_bytes), wide(widen_table(table ? table->data() : nullptr, elem_bytes, C)) {
         const void* tab = table ? table->data() : nullptr;
         if (elem == 2) lut16 = make_lut16(K, tab, wide, C, table ? &*table : nullptr, hint);
         if (elem == 4) lut32 = make_lut32(K, tab, C, hint);
     }
     OutputLuts(const OutputLuts&) = delete;
     OutputLuts& operator=(const OutputLuts&) = delete;
+
+    // One HWC image (see WriteSpec) into output sample `o`.
+    void write(const uint8_t* img, const WriteSpec& s, uint8_t* o) const {
+        if (elem == 4)
+            K.write_lut32(img, s, lut32, reinterpret_cast<uint32_t*>(o));
+        else if (elem == 2)
+            K.write_lut16(img, s, lut16, reinterpret_cast<uint16_t*>(o));
+        else
+            K.write_u8(img, s, o);
+    }
 };
+
+// Image sources (N_k, H, W, C) with C in {1, 3}.
+Sources image_sources(const std::vector<SrcArray>& sources) {
+    Sources S = make_sources(sources, 4, "(N, H, W, C) uint8 with C in {1, 3}");
+    const int64_t C = S.sample_shape[2];
+    if (C != 1 && C != 3)
+        throw nb::value_error(("sources have " + std::to_string(C) + " channels; expected 1 or 3").c_str());
+    return S;
+}
 
 void run_gather(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray& out,
                 const std::optional<TableArray>& table, const std::optional<FlipArray>& flip,
                 const std::string& layout, const std::optional<std::vector<double>>& hint) {
     const bool chw = parse_layout(layout);
-    Sources S = make_sources(sources, 4, "(N, H, W, C) uint8 with C in {1, 3}");
+    const Sources S = image_sources(sources);
     const int64_t H = S.sample_shape[0], W = S.sample_shape[1], C = S.sample_shape[2];
-    if (C != 1 && C != 3)
-        throw nb::value_error(("sources have " + std::to_string(C) + " channels; expected 1 or 3").c_str());
     check_batch(indices, out);
     const auto [oh, ow] = check_image_out(out, chw, C);
     if (oh != H || ow != W)
@@ -313,19 +333,11 @@ void run_gather(const std::vector<SrcArray>& sources, const IndexArray& indices,
     const int64_t n = sample_elems(out);
     auto* dst = static_cast<uint8_t*>(out.data());
     const OutputLuts luts(K, table, elem, C, hint);
-    const Lut16& lut = luts.lut16;
-    const Lut32& lut32 = luts.lut32;
     parallel_for(static_cast<int64_t>(ptrs.size()), 1, [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
             WriteSpec s;
             s.H = H, s.W = W, s.C = C, s.chw = chw, s.flip = fl && fl[b];
-            uint8_t* o = dst + b * n * elem;
-            if (elem == 4)
-                K.write_lut32(ptrs[b], s, lut32, reinterpret_cast<uint32_t*>(o));
-            else if (elem == 2)
-                K.write_lut16(ptrs[b], s, lut, reinterpret_cast<uint16_t*>(o));
-            else
-                K.write_u8(ptrs[b], s, o);
+            luts.write(ptrs[b], s, dst + b * n * elem);
         }
     });
 }
@@ -379,10 +391,8 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
                         const std::optional<FlipArray>& flip, const std::string& layout,
                         const std::optional<std::vector<double>>& hint) {
     const bool chw = parse_layout(layout);
-    Sources S = make_sources(sources, 4, "(N, H, W, C) uint8 with C in {1, 3}");
+    const Sources S = image_sources(sources);
     const int64_t H = S.sample_shape[0], W = S.sample_shape[1], C = S.sample_shape[2];
-    if (C != 1 && C != 3)
-        throw nb::value_error(("sources have " + std::to_string(C) + " channels; expected 1 or 3").c_str());
     check_batch(indices, out);
     const int64_t B = static_cast<int64_t>(indices.shape(0));
     // Plain variables, not structured bindings: the batch lambda captures them (C++17).
@@ -416,8 +426,6 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
     const int64_t n = sample_elems(out);
     auto* dst = static_cast<uint8_t*>(out.data());
     const OutputLuts luts(K, table, elem, C, hint);
-    const Lut16& lut = luts.lut16;
-    const Lut32& lut32 = luts.lut32;
     parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
         thread_local ResampleBuffers buf;
         thread_local AxisWeightsCache weights;
@@ -446,13 +454,7 @@ void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& 
                 K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
                 img = buf.image.data();
             }
-            uint8_t* o = dst + b * n * elem;
-            if (elem == 4)
-                K.write_lut32(img, s, lut32, reinterpret_cast<uint32_t*>(o));
-            else if (elem == 2)
-                K.write_lut16(img, s, lut, reinterpret_cast<uint16_t*>(o));
-            else
-                K.write_u8(img, s, o);
+            luts.write(img, s, dst + b * n * elem);
         }
     });
 }
