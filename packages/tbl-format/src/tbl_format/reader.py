@@ -20,7 +20,6 @@ reach the generated source.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 import sys
@@ -49,7 +48,7 @@ from .errors import (
 )
 from .layout import ALIGN, FORMAT_VERSION, HEADER_CAP, MAGIC, PREAMBLE, PREAMBLE_CRC_SPAN, PREAMBLE_SIZE
 from .schema import Leaf, Schema
-from .shard import Progress, Shard, check_rows, fixed_leaf, release_map
+from .shard import Progress, Shard, check_rows, fixed_leaf, map_file, release_map
 
 _U64 = struct.Struct("<Q")
 _U64X2 = struct.Struct("<QQ")
@@ -182,11 +181,7 @@ class TblFile(Shard):
         self.path = Path(path)
         self._mm: Any = None
         self._mv: Any = None
-        with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < PREAMBLE_SIZE:
-                raise TruncatedFileError(f"{self.path}: {size} bytes, shorter than the {PREAMBLE_SIZE}-byte preamble")
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._mm, size = map_file(self.path, PREAMBLE_SIZE, "preamble")
         try:
             self._parse(size)
         except BaseException:

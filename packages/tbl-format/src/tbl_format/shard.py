@@ -10,6 +10,8 @@ of ``read_range`` and ``describe`` work for any subclass.
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,15 @@ class Shard:
 
     def close(self) -> None:
         raise NotImplementedError
+
+
+def map_file(path: Path, min_size: int, what: str) -> tuple[Any, int]:
+    """(read-only mmap of the whole file, its size); TruncatedFileError if shorter than ``min_size``."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < min_size:
+            raise TruncatedFileError(f"{path}: {size} bytes, shorter than the {min_size}-byte {what}")
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), size
 
 
 def release_map(mm: Any) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import array
 import json
-import mmap
 import os
 import struct
 import sys
@@ -45,7 +44,7 @@ from .errors import (
     V2LayoutError,
 )
 from .schema import Leaf, Schema
-from .shard import Progress, Shard, fixed_leaf, release_map
+from .shard import Progress, Shard, fixed_leaf, map_file, release_map
 
 __all__ = [
     "ENTRY",
@@ -123,11 +122,7 @@ class V2File(Shard):
         self.path = Path(path)
         self._mm: Any = None
         self._views: dict[str, Any] = {}
-        with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < HEADER.size:
-                raise TruncatedFileError(f"{self.path}: {size} bytes, shorter than the {HEADER.size}-byte v2 header")
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._mm, size = map_file(self.path, HEADER.size, "v2 header")
         try:
             self._parse(size)
         except BaseException:
