@@ -1,9 +1,9 @@
-// nanobind module tbl_kernels._core: argument validation and batch dispatch.
+// nanobind module tbl_kernels._core: describes the argument arrays to the batch
+// code (batch.hpp) and turns its error kinds (errors.hpp) into Python exceptions.
 //
-// Every check runs before the first byte of `out` is written, with the GIL
-// released (nanobind turns the C++ exceptions into Python ones after the call).
-// Arrays are taken with noconvert(): a wrong dtype, a non-contiguous array or a
-// non-CPU tensor raises TypeError instead of being copied behind the caller's back.
+// Each kernel runs with the GIL released, checks included. Arrays are taken with
+// noconvert(): a wrong dtype, a non-contiguous array or a non-CPU tensor raises
+// TypeError instead of being copied behind the caller's back.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -11,20 +11,15 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <tuple>
-#include <type_traits>
+#include <exception>
 #include <optional>
 #include <string>
-#include <unordered_map>
-#include <utility>
 #include <vector>
 
+#include "batch.hpp"
 #include "dispatch.hpp"
-#include "kernels.hpp"
-#include "resample_weights.hpp"
+#include "errors.hpp"
 #include "thread_pool.hpp"
 
 namespace nb = nanobind;
@@ -34,530 +29,112 @@ namespace {
 
 constexpr int kAbi = 2;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any binding change
 
-using SrcArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
-using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using BoxArray = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using TableArray = nb::ndarray<nb::ro, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using OutArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using SrcNd = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
+using IndexNd = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using BoxNd = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using FlipNd = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using TableNd = nb::ndarray<nb::ro, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using OutNd = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using Hint = std::optional<std::vector<double>>;
 
-std::string shape_str(const size_t* shape, size_t ndim) {
-    std::string s = "(";
-    for (size_t i = 0; i < ndim; ++i) {
-        if (i) s += ", ";
-        s += std::to_string(shape[i]);
-    }
-    if (ndim == 1) s += ",";
-    return s + ")";
-}
-template <typename A>
-std::string shape_of(const A& a) {
-    std::vector<size_t> sh(a.ndim());
-    for (size_t i = 0; i < a.ndim(); ++i) sh[i] = a.shape(i);
-    return shape_str(sh.data(), sh.size());
-}
-
-bool is(const nb::dlpack::dtype& d, nb::dlpack::dtype_code code, int bits) {
-    return d.code == static_cast<uint8_t>(code) && d.bits == bits && d.lanes == 1;
-}
-using Code = nb::dlpack::dtype_code;
-
-std::string dtype_name(const nb::dlpack::dtype& d) {
-    const char* base = "?";
+DType dtype_of(const nb::dlpack::dtype& d) {
+    using Code = nb::dlpack::dtype_code;
+    DTypeCode code = DTypeCode::Other;
     switch (static_cast<Code>(d.code)) {
-        case Code::Int: base = "int"; break;
-        case Code::UInt: base = "uint"; break;
-        case Code::Float: base = "float"; break;
-        case Code::Bfloat: base = "bfloat"; break;
-        case Code::Complex: base = "complex"; break;
-        case Code::Bool: base = "bool"; break;
-        default: break;  // newer DLPack codes (float8 variants, ...): "?" plus the bit width
+        case Code::Int: code = DTypeCode::Int; break;
+        case Code::UInt: code = DTypeCode::UInt; break;
+        case Code::Float: code = DTypeCode::Float; break;
+        case Code::Bfloat: code = DTypeCode::Bfloat; break;
+        case Code::Complex: code = DTypeCode::Complex; break;
+        case Code::Bool: code = DTypeCode::Bool; break;
+        default: break;
     }
-    return std::string(base) + std::to_string(d.bits);
+    return {code, d.bits, d.lanes};
 }
 
-// The concatenation of the source arrays, addressed by global sample index.
-struct Sources {
-    std::vector<const uint8_t*> base;
-    std::vector<int64_t> end;  // cumulative row counts
-    std::vector<int64_t> sample_shape;
-    int64_t sample_bytes = 0;
-    int64_t total = 0;
-    std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // byte ranges, for the overlap check
-
-    // (source, item within it) of global index i, 0 <= i < total.
-    std::pair<size_t, int64_t> locate(int64_t i) const {
-        const size_t s = std::upper_bound(end.begin(), end.end(), i) - end.begin();
-        return {s, i - (s == 0 ? 0 : end[s - 1])};
-    }
-    const uint8_t* sample(int64_t i) const {
-        const auto [s, item] = locate(i);
-        return base[s] + item * sample_bytes;
-    }
-};
-
-Sources make_sources(const std::vector<SrcArray>& sources, size_t ndim, const char* what) {
-    if (sources.empty()) throw nb::value_error("sources is empty: pass at least one uint8 array");
-    Sources S;
-    for (size_t k = 0; k < sources.size(); ++k) {
-        const SrcArray& a = sources[k];
-        if (a.ndim() != ndim)
-            throw nb::value_error(("sources[" + std::to_string(k) + "] has shape " + shape_of(a) +
-                                   "; expected " + what).c_str());
-        std::vector<int64_t> shape(ndim - 1);
-        for (size_t d = 1; d < ndim; ++d) shape[d - 1] = static_cast<int64_t>(a.shape(d));
-        if (k == 0) {
-            S.sample_shape = shape;
-            S.sample_bytes = 1;
-            for (int64_t v : shape) S.sample_bytes *= v;
-        } else if (shape != S.sample_shape) {
-            throw nb::value_error(("sources[" + std::to_string(k) + "] has shape " + shape_of(a) +
-                                   " but sources[0] has shape " + shape_of(sources[0]) +
-                                   ": every source must have the same per-sample shape")
-                                      .c_str());
-        }
-        S.base.push_back(a.data());
-        S.total += static_cast<int64_t>(a.shape(0));
-        S.end.push_back(S.total);
-        auto p = reinterpret_cast<uintptr_t>(a.data());
-        S.ranges.emplace_back(p, p + a.shape(0) * S.sample_bytes);
-    }
-    return S;
+template <typename T, typename Nd>
+ArrayRef<T> array_ref(const Nd& a) {
+    return {a.data(), a.ndim(), a.shape_ptr(), dtype_of(a.dtype()), a.nbytes()};
 }
 
-// IndexError unless indices[b] = i addresses one of the S.total items (`items`: what they are).
-void check_index(const Sources& S, int64_t b, int64_t i, const char* items) {
-    if (i < 0 || i >= S.total)
-        throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(i) + " is out of range for " +
-                               std::to_string(S.total) + " " + items + " in " + std::to_string(S.base.size()) +
-                               " source(s)")
-                                  .c_str());
+std::vector<InArray> in_arrays(const std::vector<SrcNd>& arrays) {
+    std::vector<InArray> refs;
+    refs.reserve(arrays.size());
+    for (const SrcNd& a : arrays) refs.push_back(array_ref<const void>(a));
+    return refs;
 }
 
-std::vector<const uint8_t*> resolve(const Sources& S, const IndexArray& indices) {
-    const int64_t B = static_cast<int64_t>(indices.shape(0));
-    const int64_t* idx = indices.data();
-    std::vector<const uint8_t*> ptrs(B);
-    for (int64_t b = 0; b < B; ++b) {
-        check_index(S, b, idx[b], "samples");
-        ptrs[b] = S.sample(idx[b]);
-    }
-    return ptrs;
+Indices indices_of(const IndexNd& a) { return {a.data(), static_cast<int64_t>(a.shape(0))}; }
+
+ImageBatch image_batch(const std::vector<SrcNd>& sources, const IndexNd& indices, const OutNd& out,
+                       const InArray* table, const InArray* flip, const std::string& layout, const Hint& hint) {
+    ImageBatch batch;
+    batch.sources = in_arrays(sources);
+    batch.indices = indices_of(indices);
+    batch.out = array_ref<void>(out);
+    batch.table = table;
+    batch.flip = flip;
+    batch.layout = layout;
+    batch.affine_hint = hint ? &*hint : nullptr;
+    return batch;
 }
 
-void check_no_overlap(const Sources& S, const OutArray& out) {
-    const auto lo = reinterpret_cast<uintptr_t>(out.data());
-    const uintptr_t hi = lo + out.nbytes();
-    for (size_t k = 0; k < S.ranges.size(); ++k)
-        if (lo < S.ranges[k].second && S.ranges[k].first < hi)
-            throw nb::value_error(("out overlaps sources[" + std::to_string(k) + "] in memory").c_str());
+std::optional<InArray> optional_ref(const std::optional<FlipNd>& a) {
+    if (!a) return std::nullopt;
+    return array_ref<const void>(*a);
+}
+std::optional<InArray> optional_ref(const std::optional<TableNd>& a) {
+    if (!a) return std::nullopt;
+    return array_ref<const void>(*a);
+}
+const InArray* ptr(const std::optional<InArray>& a) { return a ? &*a : nullptr; }
+
+void gather_normalize_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, OutNd out, const TableNd& table,
+                      const std::optional<FlipNd>& flip, const std::string& layout, const Hint& hint) {
+    const InArray tab = array_ref<const void>(table);
+    const std::optional<InArray> fl = optional_ref(flip);
+    gather_images(image_batch(sources, indices, out, &tab, ptr(fl), layout, hint));
 }
 
-bool parse_layout(const std::string& layout) {
-    if (layout == "CHW") return true;
-    if (layout == "HWC") return false;
-    throw nb::value_error(("layout must be 'CHW' or 'HWC', got '" + layout + "'").c_str());
+void gather_u8_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, OutNd out,
+               const std::optional<FlipNd>& flip, const std::string& layout) {
+    const std::optional<InArray> fl = optional_ref(flip);
+    gather_images(image_batch(sources, indices, out, nullptr, ptr(fl), layout, std::nullopt));
 }
 
-const uint8_t* check_flip(const std::optional<FlipArray>& flip, int64_t B) {
-    if (!flip) return nullptr;
-    const FlipArray& f = *flip;
-    if (!(is(f.dtype(), Code::UInt, 8) || is(f.dtype(), Code::Bool, 8)))
-        throw nb::type_error(("flip must be a uint8 or bool array, got " + dtype_name(f.dtype())).c_str());
-    if (static_cast<int64_t>(f.shape(0)) != B)
-        throw nb::value_error(("flip has shape " + shape_of(f) + "; expected (" + std::to_string(B) +
-                               ",), one entry per index")
-                                  .c_str());
-    return static_cast<const uint8_t*>(f.data());
+void gather_crop_resize_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, const BoxNd& boxes,
+                           OutNd out, const std::optional<TableNd>& table, const std::optional<FlipNd>& flip,
+                           const std::string& layout, const Hint& hint) {
+    const std::optional<InArray> tab = optional_ref(table), fl = optional_ref(flip);
+    const Boxes bx{boxes.data(), static_cast<int64_t>(boxes.shape(0)), static_cast<int64_t>(boxes.shape(1))};
+    gather_crop_resize(image_batch(sources, indices, out, ptr(tab), ptr(fl), layout, hint), bx);
 }
 
-void check_batch(const IndexArray& indices, const OutArray& out) {
-    if (out.ndim() == 0 || out.shape(0) != indices.shape(0))
-        throw nb::value_error(("out has shape " + shape_of(out) + " but indices has shape " +
-                               shape_of(indices) + ": out's first dimension must equal len(indices)")
-                                  .c_str());
+void gather_rows_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, OutNd out) {
+    gather_rows(in_arrays(sources), indices_of(indices), array_ref<void>(out));
 }
 
-// Output (B, C, OH, OW) for CHW or (B, OH, OW, C) for HWC; returns (OH, OW).
-std::pair<int64_t, int64_t> check_image_out(const OutArray& out, bool chw, int64_t C) {
-    if (out.ndim() != 4)
-        throw nb::value_error(("out has shape " + shape_of(out) + "; expected 4 dimensions (" +
-                               (chw ? "B, C, H, W" : "B, H, W, C") + ")")
-                                  .c_str());
-    const int64_t oc = static_cast<int64_t>(chw ? out.shape(1) : out.shape(3));
-    if (oc != C)
-        throw nb::value_error(("out has shape " + shape_of(out) + " with " + std::to_string(oc) +
-                               " channels for layout " + (chw ? "CHW" : "HWC") + " but the sources have " +
-                               std::to_string(C))
-                                  .c_str());
-    return chw ? std::make_pair<int64_t, int64_t>(out.shape(2), out.shape(3))
-               : std::make_pair<int64_t, int64_t>(out.shape(1), out.shape(2));
+void gather_columns_nd(const std::vector<std::vector<SrcNd>>& columns, const IndexNd& indices,
+                       std::vector<OutNd> outs) {
+    std::vector<std::vector<InArray>> cols;
+    cols.reserve(columns.size());
+    for (const auto& c : columns) cols.push_back(in_arrays(c));
+    std::vector<OutArray> out_refs;
+    out_refs.reserve(outs.size());
+    for (const OutNd& o : outs) out_refs.push_back(array_ref<void>(o));
+    gather_columns(cols, indices_of(indices), out_refs);
 }
 
-// Element size (2 or 4) of the normalized output; table and out must agree.
-int check_table(const TableArray& table, const OutArray& out, int64_t C) {
-    const auto td = table.dtype(), od = out.dtype();
-    if (table.shape(0) != static_cast<size_t>(C) || table.shape(1) != 256)
-        throw nb::value_error(("table has shape " + shape_of(table) + "; expected (" + std::to_string(C) +
-                               ", 256) for " + std::to_string(C) + "-channel sources")
-                                  .c_str());
-    if (is(td, Code::Float, 32)) {
-        if (!is(od, Code::Float, 32))
-            throw nb::type_error(("out has dtype " + dtype_name(od) + " but table is float32").c_str());
-        return 4;
-    }
-    if (is(td, Code::Float, 16)) {
-        if (!is(od, Code::Float, 16))
-            throw nb::type_error(("out has dtype " + dtype_name(od) + " but table is float16").c_str());
-        return 2;
-    }
-    if (is(td, Code::UInt, 16)) {  // bfloat16 bits
-        if (!(is(od, Code::UInt, 16) || is(od, Code::Int, 16) || is(od, Code::Bfloat, 16)))
-            throw nb::type_error(("out has dtype " + dtype_name(od) +
-                                  " but table is uint16 (bfloat16 bits): out must be uint16, int16 or bfloat16")
-                                     .c_str());
-        return 2;
-    }
-    throw nb::type_error(("table has dtype " + dtype_name(td) +
-                          "; expected float32, float16 or uint16 (bfloat16 bits), see normalization_table")
-                             .c_str());
-}
-
-void check_u8_out(const OutArray& out) {
-    if (!is(out.dtype(), Code::UInt, 8))
-        throw nb::type_error(("out has dtype " + dtype_name(out.dtype()) + "; expected uint8").c_str());
-}
-
-int64_t sample_elems(const OutArray& out) {
-    int64_t n = 1;
-    for (size_t d = 1; d < out.ndim(); ++d) n *= static_cast<int64_t>(out.shape(d));
-    return n;
-}
-
-// ---------------------------------------------------------------- gather kernels
-
-// Zero-extended 32-bit copy of a 16-bit table (empty for other element sizes).
-std::vector<uint32_t> widen_table(const void* table, int elem, int64_t C) {
-    std::vector<uint32_t> wide;
-    if (elem == 2) {
-        const auto* t = static_cast<const uint16_t*>(table);
-        wide.assign(t, t + C * 256);
-    }
-    return wide;
-}
-
-// The 16-bit lookup description; the affine hint (a, b per channel) is used only
-// if the active level reproduces every entry of the table with it.
-Lut16 make_lut16(const IsaKernels& K, const void* table, const std::vector<uint32_t>& wide, int64_t C,
-                 const TableArray* tarr, const std::optional<std::vector<double>>& hint) {
-    Lut16 lut;
-    lut.table = static_cast<const uint16_t*>(table);
-    lut.wide = wide.data();
-    if (!hint || !K.affine16_matches || hint->size() != static_cast<size_t>(2 * C) || tarr == nullptr) return lut;
-    const int kind = is(tarr->dtype(), Code::Float, 16) ? 1 : 2;
-    // float32 constants: the nearest floats to the float64 hint.
-    for (int64_t c = 0; c < C; ++c)
-        lut.a[c] = static_cast<float>((*hint)[c]), lut.b[c] = static_cast<float>((*hint)[C + c]);
-    if (K.affine16_matches(kind, C, lut.a, lut.b, lut.table)) lut.affine_kind = kind;
-    return lut;
-}
-
-Lut32 make_lut32(const IsaKernels& K, const void* table, int64_t C, const std::optional<std::vector<double>>& hint) {
-    Lut32 lut;
-    lut.table = static_cast<const uint32_t*>(table);
-    if (!hint || !K.affine32_matches || hint->size() != static_cast<size_t>(2 * C)) return lut;
-    for (int64_t c = 0; c < C; ++c) lut.a[c] = (*hint)[c], lut.b[c] = (*hint)[C + c];
-    if (K.affine32_matches(C, lut.a, lut.b, lut.table)) lut.affine_kind = 1;
-    return lut;
-}
-
-// The output side of one image call, shared by its threads: the element size
-// (elem: 4 or 2 for normalized outputs, 1 for uint8) and the lookup state.
-// Not copyable: lut16.wide points into `wide`.
-struct OutputLuts {
-    const IsaKernels& K;
-    const int elem;
-    std::vector<uint32_t> wide;
-    Lut16 lut16{};
-    Lut32 lut32{};
-
-    OutputLuts(const IsaKernels& kernels, const std::optional<TableArray>& table, int elem_bytes, int64_t C,
-               const std::optional<std::vector<double>>& hint)
-        : K(kernels), elem(elem_bytes), wide(widen_table(table ? table->data() : nullptr, elem_bytes, C)) {
-        const void* tab = table ? table->data() : nullptr;
-        if (elem == 2) lut16 = make_lut16(K, tab, wide, C, table ? &*table : nullptr, hint);
-        if (elem == 4) lut32 = make_lut32(K, tab, C, hint);
-    }
-    OutputLuts(const OutputLuts&) = delete;
-    OutputLuts& operator=(const OutputLuts&) = delete;
-
-    // One HWC image (see WriteSpec) into output sample `o`.
-    void write(const uint8_t* img, const WriteSpec& s, uint8_t* o) const {
-        if (elem == 4)
-            K.write_lut32(img, s, lut32, reinterpret_cast<uint32_t*>(o));
-        else if (elem == 2)
-            K.write_lut16(img, s, lut16, reinterpret_cast<uint16_t*>(o));
-        else
-            K.write_u8(img, s, o);
-    }
-};
-
-// Image sources (N_k, H, W, C) with C in {1, 3}.
-Sources image_sources(const std::vector<SrcArray>& sources) {
-    Sources S = make_sources(sources, 4, "(N, H, W, C) uint8 with C in {1, 3}");
-    const int64_t C = S.sample_shape[2];
-    if (C != 1 && C != 3)
-        throw nb::value_error(("sources have " + std::to_string(C) + " channels; expected 1 or 3").c_str());
-    return S;
-}
-
-void run_gather(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray& out,
-                const std::optional<TableArray>& table, const std::optional<FlipArray>& flip,
-                const std::string& layout, const std::optional<std::vector<double>>& hint) {
-    const bool chw = parse_layout(layout);
-    const Sources S = image_sources(sources);
-    const int64_t H = S.sample_shape[0], W = S.sample_shape[1], C = S.sample_shape[2];
-    check_batch(indices, out);
-    const auto [oh, ow] = check_image_out(out, chw, C);
-    if (oh != H || ow != W)
-        throw nb::value_error(("out has shape " + shape_of(out) + " but the source images are " +
-                               std::to_string(H) + "x" + std::to_string(W) + "x" + std::to_string(C))
-                                  .c_str());
-    const int elem = table ? check_table(*table, out, C) : 1;
-    if (!table) check_u8_out(out);
-    const uint8_t* fl = check_flip(flip, static_cast<int64_t>(indices.shape(0)));
-    check_no_overlap(S, out);
-    const std::vector<const uint8_t*> ptrs = resolve(S, indices);
-
-    const IsaKernels& K = active_kernels();
-    const int64_t n = sample_elems(out);
-    auto* dst = static_cast<uint8_t*>(out.data());
-    const OutputLuts luts(K, table, elem, C, hint);
-    parallel_for(static_cast<int64_t>(ptrs.size()), 1, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) {
-            WriteSpec s;
-            s.H = H, s.W = W, s.C = C, s.chw = chw, s.flip = fl && fl[b];
-            luts.write(ptrs[b], s, dst + b * n * elem);
-        }
-    });
-}
-
-void gather_normalize(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray out,
-                      const TableArray& table, const std::optional<FlipArray>& flip, const std::string& layout,
-                      const std::optional<std::vector<double>>& hint) {
-    run_gather(sources, indices, out, table, flip, layout, hint);
-}
-
-void gather_u8(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray out,
-               const std::optional<FlipArray>& flip, const std::string& layout) {
-    run_gather(sources, indices, out, std::nullopt, flip, layout, std::nullopt);
-}
-
-// Resampling weights of one (input size, output size) pair, cached per thread:
-// random crops of a batch repeat sizes, and computing the float64 weights per
-// image cost about a tenth of the crop path. The cache is emptied when it grows
-// past a few MiB, which only ever happens before either lookup of a sample.
-class AxisWeightsCache {
-   public:
-    // Weights for (h, OH) and (w, OW); valid until the next call.
-    std::pair<const AxisWeights*, const AxisWeights*> get(int64_t h, int64_t OH, int64_t w, int64_t OW) {
-        if (bytes_ > kMaxBytes) map_.clear(), bytes_ = 0;
-        const AxisWeights* v = &lookup(h, OH);
-        return {v, &lookup(w, OW)};  // unordered_map never moves its elements on insert
-    }
-
-   private:
-    static constexpr size_t kMaxBytes = size_t{8} << 20;
-    const AxisWeights& lookup(int64_t in, int64_t out) {
-        const uint64_t key = (static_cast<uint64_t>(in) << 32) | static_cast<uint64_t>(out);
-        auto [it, inserted] = map_.try_emplace(key);
-        if (inserted) {
-            compute_axis_weights(in, out, it->second);
-            bytes_ += it->second.start.size() * sizeof(int32_t) + it->second.coef.size() * sizeof(int16_t) + 64;
-        }
-        return it->second;
-    }
-    std::unordered_map<uint64_t, AxisWeights> map_;
-    size_t bytes_ = 0;
-};
-
-struct ResampleBuffers {
-    std::vector<uint8_t> vpass, transposed, result, image;
-    std::vector<int32_t> acc;
-};
-
-void gather_crop_resize(const std::vector<SrcArray>& sources, const IndexArray& indices, const BoxArray& boxes,
-                        OutArray out, const std::optional<TableArray>& table,
-                        const std::optional<FlipArray>& flip, const std::string& layout,
-                        const std::optional<std::vector<double>>& hint) {
-    const bool chw = parse_layout(layout);
-    const Sources S = image_sources(sources);
-    const int64_t H = S.sample_shape[0], W = S.sample_shape[1], C = S.sample_shape[2];
-    check_batch(indices, out);
-    const int64_t B = static_cast<int64_t>(indices.shape(0));
-    // Plain variables, not structured bindings: the batch lambda captures them (C++17).
-    int64_t OH = 0, OW = 0;
-    std::tie(OH, OW) = check_image_out(out, chw, C);
-    if (OH < 1 || OW < 1 || OH > (1 << 24) || OW > (1 << 24))
-        throw nb::value_error(("out has shape " + shape_of(out) + ": output height and width must be >= 1").c_str());
-    if (static_cast<int64_t>(boxes.shape(0)) != B || boxes.shape(1) != 4)
-        throw nb::value_error(("boxes has shape " + shape_of(boxes) + "; expected (" + std::to_string(B) +
-                               ", 4) as (top, left, height, width)")
-                                  .c_str());
-    const int elem = table ? check_table(*table, out, C) : 1;
-    if (!table) check_u8_out(out);
-    const uint8_t* fl = check_flip(flip, B);
-    const int32_t* bx = boxes.data();
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
-        const std::string desc = "boxes[" + std::to_string(b) + "] = (" + std::to_string(t) + ", " +
-                                 std::to_string(l) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")";
-        if (h < 1 || w < 1)
-            throw nb::value_error((desc + " is empty: height and width must be >= 1").c_str());
-        if (t < 0 || l < 0 || t + h > H || l + w > W)
-            throw nb::index_error((desc + " (top, left, height, width) is not inside the " + std::to_string(H) +
-                                   "x" + std::to_string(W) + " source image")
-                                      .c_str());
-    }
-    check_no_overlap(S, out);
-    const std::vector<const uint8_t*> ptrs = resolve(S, indices);
-
-    const IsaKernels& K = active_kernels();
-    const int64_t n = sample_elems(out);
-    auto* dst = static_cast<uint8_t*>(out.data());
-    const OutputLuts luts(K, table, elem, C, hint);
-    parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
-        thread_local ResampleBuffers buf;
-        thread_local AxisWeightsCache weights;
-        for (int64_t b = b0; b < b1; ++b) {
-            const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
-            const uint8_t* box = ptrs[b] + (t * W + l) * C;
-            WriteSpec s;
-            s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = fl && fl[b];
-            const uint8_t* img = box;  // the resized HWC image handed to the writer
-            if (h == OH && w == OW) {
-                // Both axes are identities under the rule (one tap of 2**14): read the box in place.
-                s.row_stride = W * C;
-            } else {
-                const auto [wv, wh] = weights.get(h, OH, w, OW);
-                // Padding: transpose_pixels reads past the end of its source.
-                buf.vpass.resize(OH * w * C + kTransposePad);
-                buf.transposed.resize(OH * w * C);
-                buf.result.resize(OW * OH * C + kTransposePad);
-                buf.image.resize(OW * OH * C);
-                buf.acc.resize(std::max(w, OH) * C);
-                // Vertical pass over the box columns; transpose so that the horizontal
-                // pass is the same contiguous row operation; transpose back.
-                K.resample_rows(box, W * C, *wv, w * C, buf.vpass.data(), buf.acc.data());
-                K.transpose_pixels(buf.vpass.data(), OH, w, C, buf.transposed.data());
-                K.resample_rows(buf.transposed.data(), OH * C, *wh, OH * C, buf.result.data(), buf.acc.data());
-                K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
-                img = buf.image.data();
-            }
-            luts.write(img, s, dst + b * n * elem);
-        }
-    });
-}
-
-// out_l[b] = row indices[b] of column l, for every column at once. Each column is
-// one fixed-size leaf split over the same segments (shards), so the segment and
-// local row of every index are found once and reused for all of them.
-// `rows_api`: called as gather_rows (one column; errors name `out`, not `outs[0]`).
-void run_gather_columns(const std::vector<std::vector<SrcArray>>& columns, const IndexArray& indices,
-                        std::vector<OutArray>& outs, bool rows_api) {
-    if (columns.size() != outs.size())
-        throw nb::value_error(("columns has " + std::to_string(columns.size()) + " entries but outs has " +
-                               std::to_string(outs.size()) + ": one output per column")
-                                  .c_str());
-    const size_t L = columns.size();
-    std::vector<Sources> S;
-    S.reserve(L);
-    for (size_t l = 0; l < L; ++l) {
-        S.push_back(make_sources(columns[l], 2, "(N, rowbytes) uint8"));
-        const std::string name = rows_api ? "out" : "outs[" + std::to_string(l) + "]";
-        OutArray& out = outs[l];
-        check_batch(indices, out);
-        check_u8_out(out);
-        if (out.ndim() != 2 || static_cast<int64_t>(out.shape(1)) != S[l].sample_bytes)
-            throw nb::value_error((name + " has shape " + shape_of(out) + "; expected (" +
-                                   std::to_string(indices.shape(0)) + ", " + std::to_string(S[l].sample_bytes) +
-                                   ")")
-                                      .c_str());
-        if (l > 0 && S[l].end != S[0].end)
-            throw nb::value_error(("columns[" + std::to_string(l) +
-                                   "] is split into segments of other row counts than columns[0]: every "
-                                   "column must hold the same rows of the same segments")
-                                      .c_str());
-    }
-    for (size_t l = 0; l < L; ++l) {
-        for (const Sources& src : S) check_no_overlap(src, outs[l]);
-        const auto lo = reinterpret_cast<uintptr_t>(outs[l].data());
-        for (size_t m = 0; m < l; ++m) {
-            const auto mlo = reinterpret_cast<uintptr_t>(outs[m].data());
-            if (outs[l].nbytes() && outs[m].nbytes() && lo < mlo + outs[m].nbytes() && mlo < lo + outs[l].nbytes())
-                throw nb::value_error(("outs[" + std::to_string(l) + "] overlaps outs[" + std::to_string(m) +
-                                       "] in memory")
-                                          .c_str());
-        }
-    }
-    if (L == 0) return;
-    // Rows as (segment, row within it); every column shares them.
-    const Sources& S0 = S[0];
-    const int64_t B = static_cast<int64_t>(indices.shape(0));
-    const int64_t* idx = indices.data();
-    std::vector<int32_t> seg(B);
-    std::vector<int64_t> row(B);
-    for (int64_t b = 0; b < B; ++b) {
-        check_index(S0, b, idx[b], "rows");
-        const auto [k, r] = S0.locate(idx[b]);
-        seg[b] = static_cast<int32_t>(k);
-        row[b] = r;
-    }
-    int64_t total_bytes = 0;
-    for (const Sources& src : S) total_bytes += src.sample_bytes;
-    // Small rows are copied in chunks of about 64 KiB per task; small batches run inline.
-    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(total_bytes, 1));
-    parallel_for(B, grain, [&](int64_t b0, int64_t b1) {
-        for (size_t l = 0; l < L; ++l) {
-            const int64_t rb = S[l].sample_bytes;
-            const uint8_t* const* base = S[l].base.data();
-            auto* dst = static_cast<uint8_t*>(outs[l].data());
-            // Fixed-size copies for the common scalar widths compile to single moves.
-            auto copy = [&](auto width) {
-                for (int64_t b = b0; b < b1; ++b)
-                    std::memcpy(dst + b * rb, base[seg[b]] + row[b] * rb, static_cast<size_t>(width));
-            };
-            switch (rb) {
-                case 1: copy(std::integral_constant<size_t, 1>{}); break;
-                case 2: copy(std::integral_constant<size_t, 2>{}); break;
-                case 4: copy(std::integral_constant<size_t, 4>{}); break;
-                case 8: copy(std::integral_constant<size_t, 8>{}); break;
-                default: copy(static_cast<size_t>(rb));
-            }
-        }
-    });
-}
-
-void gather_columns(const std::vector<std::vector<SrcArray>>& columns, const IndexArray& indices,
-                    std::vector<OutArray> outs) {
-    run_gather_columns(columns, indices, outs, false);
-}
-
-void gather_rows(const std::vector<SrcArray>& sources, const IndexArray& indices, OutArray out) {
-    std::vector<OutArray> outs{out};
-    run_gather_columns({sources}, indices, outs, true);
-}
-
-void set_threads(int n) {
-    if (n < 1) throw nb::value_error(("set_num_threads needs n >= 1, got " + std::to_string(n)).c_str());
-    set_num_threads(n);
-}
-
-void set_simd(const std::string& name) {
-    if (!set_simd_level(name)) {
-        std::string avail;
-        for (const auto& s : available_simd_levels()) avail += (avail.empty() ? "" : ", ") + s;
-        throw nb::value_error(("unknown or unsupported SIMD level '" + name + "'; available here: auto, " + avail).c_str());
+// Runs after the call returns, with the GIL held again.
+void translate_error(const std::exception_ptr& p, void*) {
+    try {
+        std::rethrow_exception(p);
+    } catch (const IndexError& e) {
+        PyErr_SetString(PyExc_IndexError, e.what());
+    } catch (const ValueError& e) {
+        PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const TypeError& e) {
+        PyErr_SetString(PyExc_TypeError, e.what());
     }
 }
 
@@ -570,24 +147,25 @@ NB_MODULE(_core, m) {
     using Release = nb::call_guard<nb::gil_scoped_release>;
     m.doc() = "Compiled kernels of tbl_kernels (use the tbl_kernels package, not this module).";
     m.attr("KERNELS_ABI") = kAbi;
+    nb::register_exception_translator(translate_error);
 
-    m.def("set_num_threads", &set_threads, arg("n"), Release(),
+    m.def("set_num_threads", &set_num_threads, arg("n"), Release(),
           "Size of the persistent worker pool (1 = run on the calling thread).");
     m.def("get_num_threads", &get_num_threads, Release());
     m.def("simd_levels", &available_simd_levels, "Levels this build and CPU can run, slowest first.");
     m.def("simd_level", &simd_level, "The level the kernels use now.");
-    m.def("set_simd", &set_simd, arg("level"), "Select a level by name ('auto' = fastest available).");
+    m.def("set_simd", &set_simd_level, arg("level"), "Select a level by name ('auto' = fastest available).");
 
-    m.def("gather_normalize", &gather_normalize, arg("sources").noconvert(), arg("indices").noconvert(),
+    m.def("gather_normalize", &gather_normalize_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("out").noconvert(), arg("table").noconvert(), arg("flip").noconvert().none(), arg("layout"),
           arg("affine_hint").none() = nb::none(), Release());
-    m.def("gather_u8", &gather_u8, arg("sources").noconvert(), arg("indices").noconvert(),
+    m.def("gather_u8", &gather_u8_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("out").noconvert(), arg("flip").noconvert().none(), arg("layout"), Release());
-    m.def("gather_crop_resize", &gather_crop_resize, arg("sources").noconvert(), arg("indices").noconvert(),
+    m.def("gather_crop_resize", &gather_crop_resize_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("boxes").noconvert(), arg("out").noconvert(), arg("table").noconvert().none(),
           arg("flip").noconvert().none(), arg("layout"), arg("affine_hint").none() = nb::none(), Release());
-    m.def("gather_rows", &gather_rows, arg("sources").noconvert(), arg("indices").noconvert(),
+    m.def("gather_rows", &gather_rows_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("out").noconvert(), Release());
-    m.def("gather_columns", &gather_columns, arg("columns").noconvert(), arg("indices").noconvert(),
+    m.def("gather_columns", &gather_columns_nd, arg("columns").noconvert(), arg("indices").noconvert(),
           arg("outs").noconvert(), Release());
 }

@@ -5,6 +5,8 @@
 #include <cpuid.h>
 #endif
 
+#include "errors.hpp"
+
 namespace tbl {
 namespace {
 
@@ -50,11 +52,14 @@ const IsaKernels& active_kernels() {
     return *k;
 }
 
-bool set_simd_level(const std::string& name) {
+void set_simd_level(const std::string& name) {
     const IsaKernels* k = lookup(name);
-    if (k == nullptr) return false;
+    if (k == nullptr) {
+        std::string avail;
+        for (const auto& s : available_simd_levels()) avail += (avail.empty() ? "" : ", ") + s;
+        throw ValueError("unknown or unsupported SIMD level '" + name + "'; available here: auto, " + avail);
+    }
     active.store(k, std::memory_order_release);
-    return true;
 }
 
 std::string simd_level() { return active_kernels().name; }

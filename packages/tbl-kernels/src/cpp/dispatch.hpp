@@ -11,9 +11,9 @@ namespace tbl {
 const IsaKernels& active_kernels();
 // Levels this build and this CPU can run, slowest first ("scalar" is always there).
 std::vector<std::string> available_simd_levels();
-// Selects a level by name; "auto" picks the fastest available. Returns false for
-// an unknown or unavailable name (nothing changes then).
-bool set_simd_level(const std::string& name);
+// Selects a level by name; "auto" picks the fastest available. ValueError for an
+// unknown or unavailable name (nothing changes then).
+void set_simd_level(const std::string& name);
 std::string simd_level();
 
 }  // namespace tbl

@@ -27,19 +27,22 @@ struct WriteSpec {
     int64_t row_stride = 0;
 };
 
+// A 32-bit (float32) table plus an optional arithmetic shortcut. When
+// `affine_kind` is non-zero the caller has verified (with affine32_matches, on
+// every byte value of every channel) that the level's float64 evaluation
+// `v * a[c] + b[c]`, rounded to float32, reproduces the table bit for bit, so the
+// writer may compute instead of look up.
+struct Lut32 {
+    const uint32_t* table = nullptr;
+    int affine_kind = 0;
+    double a[3] = {0, 0, 0}, b[3] = {0, 0, 0};
+};
+
 // A 16-bit table plus an optional arithmetic shortcut. When `affine_kind` is
 // non-zero the caller has verified (with affine16_matches, on every byte value of
 // every channel) that the level's float32 evaluation `v * a[c] + b[c]`, rounded to
 // float16 (kind 1) or bfloat16 (kind 2), reproduces the table bit for bit, so the
 // writer may compute instead of look up.
-struct Lut32 {
-    const uint32_t* table = nullptr;
-    // Non-zero when the caller has verified (affine32_matches) that the level's
-    // float64 evaluation `v * a[c] + b[c]`, rounded to float32, reproduces the table.
-    int affine_kind = 0;
-    double a[3] = {0, 0, 0}, b[3] = {0, 0, 0};
-};
-
 struct Lut16 {
     const uint16_t* table = nullptr;
     const uint32_t* wide = nullptr;  // the same table zero-extended to 32 bits (for gathers)

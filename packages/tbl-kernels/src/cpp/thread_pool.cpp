@@ -7,8 +7,11 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "errors.hpp"
 
 namespace tbl {
 namespace {
@@ -102,6 +105,7 @@ void on_fork_child() { holder = new PoolHolder(); }
 }  // namespace
 
 void set_num_threads(int n) {
+    if (n < 1) throw ValueError("set_num_threads needs n >= 1, got " + std::to_string(n));
     std::call_once(atfork_once, [] { pthread_atfork(nullptr, nullptr, on_fork_child); });
     std::lock_guard<std::mutex> lock(holder->dispatch_mu);
     if (n != holder->requested) {

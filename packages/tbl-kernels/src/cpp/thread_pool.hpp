@@ -15,7 +15,7 @@ namespace tbl {
 // `grain` items. fn must not throw: kernels validate every input before dispatch.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
-void set_num_threads(int n);  // n >= 1
+void set_num_threads(int n);  // ValueError unless n >= 1
 int get_num_threads();
 
 }  // namespace tbl

@@ -1,0 +1,496 @@
+#include "batch.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+#include "dispatch.hpp"
+#include "errors.hpp"
+#include "kernels.hpp"
+#include "resample_weights.hpp"
+#include "thread_pool.hpp"
+
+namespace tbl {
+namespace {
+
+std::string shape_str(const int64_t* shape, size_t ndim) {
+    std::string s = "(";
+    for (size_t i = 0; i < ndim; ++i) {
+        if (i) s += ", ";
+        s += std::to_string(shape[i]);
+    }
+    if (ndim == 1) s += ",";
+    return s + ")";
+}
+template <typename T>
+std::string shape_of(const ArrayRef<T>& a) {
+    return shape_str(a.shape, a.ndim);
+}
+std::string shape_of(const Indices& indices) { return shape_str(&indices.size, 1); }
+std::string shape_of(const Boxes& boxes) {
+    const int64_t shape[2] = {boxes.rows, boxes.cols};
+    return shape_str(shape, 2);
+}
+
+bool is(const DType& d, DTypeCode code, int bits) { return d.code == code && d.bits == bits && d.lanes == 1; }
+
+std::string dtype_name(const DType& d) {
+    const char* base = "?";
+    switch (d.code) {
+        case DTypeCode::Int: base = "int"; break;
+        case DTypeCode::UInt: base = "uint"; break;
+        case DTypeCode::Float: base = "float"; break;
+        case DTypeCode::Bfloat: base = "bfloat"; break;
+        case DTypeCode::Complex: base = "complex"; break;
+        case DTypeCode::Bool: base = "bool"; break;
+        case DTypeCode::Other: break;  // newer DLPack codes (float8 variants, ...): "?" plus the bit width
+    }
+    return std::string(base) + std::to_string(d.bits);
+}
+
+// The concatenation of the source arrays, addressed by global sample index.
+struct Sources {
+    std::vector<const uint8_t*> base;
+    std::vector<int64_t> end;  // cumulative row counts
+    std::vector<int64_t> sample_shape;
+    int64_t sample_bytes = 0;
+    int64_t total = 0;
+    std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // byte ranges, for the overlap check
+
+    // (source, item within it) of global index i, 0 <= i < total.
+    std::pair<size_t, int64_t> locate(int64_t i) const {
+        const size_t s = std::upper_bound(end.begin(), end.end(), i) - end.begin();
+        return {s, i - (s == 0 ? 0 : end[s - 1])};
+    }
+    const uint8_t* sample(int64_t i) const {
+        const auto [s, item] = locate(i);
+        return base[s] + item * sample_bytes;
+    }
+};
+
+Sources make_sources(const std::vector<InArray>& sources, size_t ndim, const char* what) {
+    if (sources.empty()) throw ValueError("sources is empty: pass at least one uint8 array");
+    Sources S;
+    for (size_t k = 0; k < sources.size(); ++k) {
+        const InArray& a = sources[k];
+        if (a.ndim != ndim)
+            throw ValueError("sources[" + std::to_string(k) + "] has shape " + shape_of(a) + "; expected " + what);
+        std::vector<int64_t> shape(a.shape + 1, a.shape + ndim);
+        if (k == 0) {
+            S.sample_shape = shape;
+            S.sample_bytes = 1;
+            for (int64_t v : shape) S.sample_bytes *= v;
+        } else if (shape != S.sample_shape) {
+            throw ValueError("sources[" + std::to_string(k) + "] has shape " + shape_of(a) + " but sources[0] has shape " +
+                             shape_of(sources[0]) + ": every source must have the same per-sample shape");
+        }
+        const auto* data = static_cast<const uint8_t*>(a.data);
+        S.base.push_back(data);
+        S.total += a.shape[0];
+        S.end.push_back(S.total);
+        auto p = reinterpret_cast<uintptr_t>(data);
+        S.ranges.emplace_back(p, p + a.shape[0] * S.sample_bytes);
+    }
+    return S;
+}
+
+// IndexError unless indices[b] = i addresses one of the S.total items (`items`: what they are).
+void check_index(const Sources& S, int64_t b, int64_t i, const char* items) {
+    if (i < 0 || i >= S.total)
+        throw IndexError("indices[" + std::to_string(b) + "] = " + std::to_string(i) + " is out of range for " +
+                         std::to_string(S.total) + " " + items + " in " + std::to_string(S.base.size()) +
+                         " source(s)");
+}
+
+std::vector<const uint8_t*> resolve(const Sources& S, const Indices& indices) {
+    const int64_t B = indices.size;
+    const int64_t* idx = indices.data;
+    std::vector<const uint8_t*> ptrs(B);
+    for (int64_t b = 0; b < B; ++b) {
+        check_index(S, b, idx[b], "samples");
+        ptrs[b] = S.sample(idx[b]);
+    }
+    return ptrs;
+}
+
+void check_no_overlap(const Sources& S, const OutArray& out) {
+    const auto lo = reinterpret_cast<uintptr_t>(out.data);
+    const uintptr_t hi = lo + out.nbytes;
+    for (size_t k = 0; k < S.ranges.size(); ++k)
+        if (lo < S.ranges[k].second && S.ranges[k].first < hi)
+            throw ValueError("out overlaps sources[" + std::to_string(k) + "] in memory");
+}
+
+bool parse_layout(const std::string& layout) {
+    if (layout == "CHW") return true;
+    if (layout == "HWC") return false;
+    throw ValueError("layout must be 'CHW' or 'HWC', got '" + layout + "'");
+}
+
+const uint8_t* check_flip(const InArray* flip, int64_t B) {
+    if (flip == nullptr) return nullptr;
+    const InArray& f = *flip;
+    if (!(is(f.dtype, DTypeCode::UInt, 8) || is(f.dtype, DTypeCode::Bool, 8)))
+        throw TypeError("flip must be a uint8 or bool array, got " + dtype_name(f.dtype));
+    if (f.shape[0] != B)
+        throw ValueError("flip has shape " + shape_of(f) + "; expected (" + std::to_string(B) +
+                         ",), one entry per index");
+    return static_cast<const uint8_t*>(f.data);
+}
+
+void check_batch(const Indices& indices, const OutArray& out) {
+    if (out.ndim == 0 || out.shape[0] != indices.size)
+        throw ValueError("out has shape " + shape_of(out) + " but indices has shape " + shape_of(indices) +
+                         ": out's first dimension must equal len(indices)");
+}
+
+// Output (B, C, OH, OW) for CHW or (B, OH, OW, C) for HWC; returns (OH, OW).
+std::pair<int64_t, int64_t> check_image_out(const OutArray& out, bool chw, int64_t C) {
+    if (out.ndim != 4)
+        throw ValueError("out has shape " + shape_of(out) + "; expected 4 dimensions (" +
+                         (chw ? "B, C, H, W" : "B, H, W, C") + ")");
+    const int64_t oc = chw ? out.shape[1] : out.shape[3];
+    if (oc != C)
+        throw ValueError("out has shape " + shape_of(out) + " with " + std::to_string(oc) + " channels for layout " +
+                         (chw ? "CHW" : "HWC") + " but the sources have " + std::to_string(C));
+    return chw ? std::make_pair(out.shape[2], out.shape[3]) : std::make_pair(out.shape[1], out.shape[2]);
+}
+
+// Element size (2 or 4) of the normalized output; table and out must agree.
+int check_table(const InArray& table, const OutArray& out, int64_t C) {
+    const DType td = table.dtype, od = out.dtype;
+    if (table.shape[0] != C || table.shape[1] != 256)
+        throw ValueError("table has shape " + shape_of(table) + "; expected (" + std::to_string(C) + ", 256) for " +
+                         std::to_string(C) + "-channel sources");
+    if (is(td, DTypeCode::Float, 32)) {
+        if (!is(od, DTypeCode::Float, 32))
+            throw TypeError("out has dtype " + dtype_name(od) + " but table is float32");
+        return 4;
+    }
+    if (is(td, DTypeCode::Float, 16)) {
+        if (!is(od, DTypeCode::Float, 16))
+            throw TypeError("out has dtype " + dtype_name(od) + " but table is float16");
+        return 2;
+    }
+    if (is(td, DTypeCode::UInt, 16)) {  // bfloat16 bits
+        if (!(is(od, DTypeCode::UInt, 16) || is(od, DTypeCode::Int, 16) || is(od, DTypeCode::Bfloat, 16)))
+            throw TypeError("out has dtype " + dtype_name(od) +
+                            " but table is uint16 (bfloat16 bits): out must be uint16, int16 or bfloat16");
+        return 2;
+    }
+    throw TypeError("table has dtype " + dtype_name(td) +
+                    "; expected float32, float16 or uint16 (bfloat16 bits), see normalization_table");
+}
+
+void check_u8_out(const OutArray& out) {
+    if (!is(out.dtype, DTypeCode::UInt, 8))
+        throw TypeError("out has dtype " + dtype_name(out.dtype) + "; expected uint8");
+}
+
+int64_t sample_elems(const OutArray& out) {
+    int64_t n = 1;
+    for (size_t d = 1; d < out.ndim; ++d) n *= out.shape[d];
+    return n;
+}
+
+// ---------------------------------------------------------------- image output
+
+// Zero-extended 32-bit copy of a 16-bit table (empty for other element sizes).
+std::vector<uint32_t> widen_table(const void* table, int elem, int64_t C) {
+    std::vector<uint32_t> wide;
+    if (elem == 2) {
+        const auto* t = static_cast<const uint16_t*>(table);
+        wide.assign(t, t + C * 256);
+    }
+    return wide;
+}
+
+// The 16-bit lookup description; the affine hint (a, b per channel) is used only
+// if the active level reproduces every entry of the table with it.
+Lut16 make_lut16(const IsaKernels& K, const InArray& table, const std::vector<uint32_t>& wide, int64_t C,
+                 const std::vector<double>* hint) {
+    Lut16 lut;
+    lut.table = static_cast<const uint16_t*>(table.data);
+    lut.wide = wide.data();
+    if (!hint || !K.affine16_matches || hint->size() != static_cast<size_t>(2 * C)) return lut;
+    const int kind = is(table.dtype, DTypeCode::Float, 16) ? 1 : 2;
+    // float32 constants: the nearest floats to the float64 hint.
+    for (int64_t c = 0; c < C; ++c)
+        lut.a[c] = static_cast<float>((*hint)[c]), lut.b[c] = static_cast<float>((*hint)[C + c]);
+    if (K.affine16_matches(kind, C, lut.a, lut.b, lut.table)) lut.affine_kind = kind;
+    return lut;
+}
+
+Lut32 make_lut32(const IsaKernels& K, const InArray& table, int64_t C, const std::vector<double>* hint) {
+    Lut32 lut;
+    lut.table = static_cast<const uint32_t*>(table.data);
+    if (!hint || !K.affine32_matches || hint->size() != static_cast<size_t>(2 * C)) return lut;
+    for (int64_t c = 0; c < C; ++c) lut.a[c] = (*hint)[c], lut.b[c] = (*hint)[C + c];
+    if (K.affine32_matches(C, lut.a, lut.b, lut.table)) lut.affine_kind = 1;
+    return lut;
+}
+
+// The output side of one image call, shared by its threads: the element size
+// (elem: 4 or 2 for normalized outputs, 1 for uint8) and the lookup state.
+// Not copyable: lut16.wide points into `wide`.
+struct OutputLuts {
+    const IsaKernels& K;
+    const int elem;
+    std::vector<uint32_t> wide;
+    Lut16 lut16{};
+    Lut32 lut32{};
+
+    OutputLuts(const IsaKernels& kernels, const InArray* table, int elem_bytes, int64_t C,
+               const std::vector<double>* hint)
+        : K(kernels), elem(elem_bytes), wide(widen_table(table ? table->data : nullptr, elem_bytes, C)) {
+        if (elem == 2) lut16 = make_lut16(K, *table, wide, C, hint);
+        if (elem == 4) lut32 = make_lut32(K, *table, C, hint);
+    }
+    OutputLuts(const OutputLuts&) = delete;
+    OutputLuts& operator=(const OutputLuts&) = delete;
+
+    // One HWC image (see WriteSpec) into output sample `o`.
+    void write(const uint8_t* img, const WriteSpec& s, uint8_t* o) const {
+        if (elem == 4)
+            K.write_lut32(img, s, lut32, reinterpret_cast<uint32_t*>(o));
+        else if (elem == 2)
+            K.write_lut16(img, s, lut16, reinterpret_cast<uint16_t*>(o));
+        else
+            K.write_u8(img, s, o);
+    }
+};
+
+// Image sources (N_k, H, W, C) with C in {1, 3}.
+Sources image_sources(const std::vector<InArray>& sources) {
+    Sources S = make_sources(sources, 4, "(N, H, W, C) uint8 with C in {1, 3}");
+    const int64_t C = S.sample_shape[2];
+    if (C != 1 && C != 3) throw ValueError("sources have " + std::to_string(C) + " channels; expected 1 or 3");
+    return S;
+}
+
+// Element size of out (4 or 2 through the table, 1 for uint8), after checking it.
+int check_image_dtype(const ImageBatch& batch, int64_t C) {
+    if (batch.table) return check_table(*batch.table, batch.out, C);
+    check_u8_out(batch.out);
+    return 1;
+}
+
+// Resampling weights of one (input size, output size) pair, cached per thread:
+// random crops of a batch repeat sizes, and computing the float64 weights per
+// image cost about a tenth of the crop path. The cache is emptied when it grows
+// past a few MiB, which only ever happens before either lookup of a sample.
+class AxisWeightsCache {
+   public:
+    // Weights for (h, OH) and (w, OW); valid until the next call.
+    std::pair<const AxisWeights*, const AxisWeights*> get(int64_t h, int64_t OH, int64_t w, int64_t OW) {
+        if (bytes_ > kMaxBytes) map_.clear(), bytes_ = 0;
+        const AxisWeights* v = &lookup(h, OH);
+        return {v, &lookup(w, OW)};  // unordered_map never moves its elements on insert
+    }
+
+   private:
+    static constexpr size_t kMaxBytes = size_t{8} << 20;
+    const AxisWeights& lookup(int64_t in, int64_t out) {
+        const uint64_t key = (static_cast<uint64_t>(in) << 32) | static_cast<uint64_t>(out);
+        auto [it, inserted] = map_.try_emplace(key);
+        if (inserted) {
+            compute_axis_weights(in, out, it->second);
+            bytes_ += it->second.start.size() * sizeof(int32_t) + it->second.coef.size() * sizeof(int16_t) + 64;
+        }
+        return it->second;
+    }
+    std::unordered_map<uint64_t, AxisWeights> map_;
+    size_t bytes_ = 0;
+};
+
+struct ResampleBuffers {
+    std::vector<uint8_t> vpass, transposed, result, image;
+    std::vector<int32_t> acc;
+};
+
+// ---------------------------------------------------------------- rows
+
+// out_l[b] = row indices[b] of column l, for every column at once. Each column is
+// one fixed-size leaf split over the same segments (shards), so the segment and
+// local row of every index are found once and reused for all of them.
+// `rows_api`: called as gather_rows (one column; errors name `out`, not `outs[0]`).
+void run_gather_columns(const std::vector<std::vector<InArray>>& columns, const Indices& indices,
+                        const std::vector<OutArray>& outs, bool rows_api) {
+    if (columns.size() != outs.size())
+        throw ValueError("columns has " + std::to_string(columns.size()) + " entries but outs has " +
+                         std::to_string(outs.size()) + ": one output per column");
+    const size_t L = columns.size();
+    std::vector<Sources> S;
+    S.reserve(L);
+    for (size_t l = 0; l < L; ++l) {
+        S.push_back(make_sources(columns[l], 2, "(N, rowbytes) uint8"));
+        const std::string name = rows_api ? "out" : "outs[" + std::to_string(l) + "]";
+        const OutArray& out = outs[l];
+        check_batch(indices, out);
+        check_u8_out(out);
+        if (out.ndim != 2 || out.shape[1] != S[l].sample_bytes)
+            throw ValueError(name + " has shape " + shape_of(out) + "; expected (" + std::to_string(indices.size) +
+                             ", " + std::to_string(S[l].sample_bytes) + ")");
+        if (l > 0 && S[l].end != S[0].end)
+            throw ValueError("columns[" + std::to_string(l) +
+                             "] is split into segments of other row counts than columns[0]: every "
+                             "column must hold the same rows of the same segments");
+    }
+    for (size_t l = 0; l < L; ++l) {
+        for (const Sources& src : S) check_no_overlap(src, outs[l]);
+        const auto lo = reinterpret_cast<uintptr_t>(outs[l].data);
+        for (size_t m = 0; m < l; ++m) {
+            const auto mlo = reinterpret_cast<uintptr_t>(outs[m].data);
+            if (outs[l].nbytes && outs[m].nbytes && lo < mlo + outs[m].nbytes && mlo < lo + outs[l].nbytes)
+                throw ValueError("outs[" + std::to_string(l) + "] overlaps outs[" + std::to_string(m) + "] in memory");
+        }
+    }
+    if (L == 0) return;
+    // Rows as (segment, row within it); every column shares them.
+    const Sources& S0 = S[0];
+    const int64_t B = indices.size;
+    const int64_t* idx = indices.data;
+    std::vector<int32_t> seg(B);
+    std::vector<int64_t> row(B);
+    for (int64_t b = 0; b < B; ++b) {
+        check_index(S0, b, idx[b], "rows");
+        const auto [k, r] = S0.locate(idx[b]);
+        seg[b] = static_cast<int32_t>(k);
+        row[b] = r;
+    }
+    int64_t total_bytes = 0;
+    for (const Sources& src : S) total_bytes += src.sample_bytes;
+    // Small rows are copied in chunks of about 64 KiB per task; small batches run inline.
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(total_bytes, 1));
+    parallel_for(B, grain, [&](int64_t b0, int64_t b1) {
+        for (size_t l = 0; l < L; ++l) {
+            const int64_t rb = S[l].sample_bytes;
+            const uint8_t* const* base = S[l].base.data();
+            auto* dst = static_cast<uint8_t*>(outs[l].data);
+            // Fixed-size copies for the common scalar widths compile to single moves.
+            auto copy = [&](auto width) {
+                for (int64_t b = b0; b < b1; ++b)
+                    std::memcpy(dst + b * rb, base[seg[b]] + row[b] * rb, static_cast<size_t>(width));
+            };
+            switch (rb) {
+                case 1: copy(std::integral_constant<size_t, 1>{}); break;
+                case 2: copy(std::integral_constant<size_t, 2>{}); break;
+                case 4: copy(std::integral_constant<size_t, 4>{}); break;
+                case 8: copy(std::integral_constant<size_t, 8>{}); break;
+                default: copy(static_cast<size_t>(rb));
+            }
+        }
+    });
+}
+
+}  // namespace
+
+void gather_images(const ImageBatch& batch) {
+    const bool chw = parse_layout(batch.layout);
+    const Sources S = image_sources(batch.sources);
+    const int64_t H = S.sample_shape[0], W = S.sample_shape[1], C = S.sample_shape[2];
+    const OutArray& out = batch.out;
+    check_batch(batch.indices, out);
+    const auto [oh, ow] = check_image_out(out, chw, C);
+    if (oh != H || ow != W)
+        throw ValueError("out has shape " + shape_of(out) + " but the source images are " + std::to_string(H) + "x" +
+                         std::to_string(W) + "x" + std::to_string(C));
+    const int elem = check_image_dtype(batch, C);
+    const uint8_t* fl = check_flip(batch.flip, batch.indices.size);
+    check_no_overlap(S, out);
+    const std::vector<const uint8_t*> ptrs = resolve(S, batch.indices);
+
+    const IsaKernels& K = active_kernels();
+    const int64_t n = sample_elems(out);
+    auto* dst = static_cast<uint8_t*>(out.data);
+    const OutputLuts luts(K, batch.table, elem, C, batch.affine_hint);
+    parallel_for(static_cast<int64_t>(ptrs.size()), 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+            WriteSpec s;
+            s.H = H, s.W = W, s.C = C, s.chw = chw, s.flip = fl && fl[b];
+            luts.write(ptrs[b], s, dst + b * n * elem);
+        }
+    });
+}
+
+void gather_crop_resize(const ImageBatch& batch, const Boxes& boxes) {
+    const bool chw = parse_layout(batch.layout);
+    const Sources S = image_sources(batch.sources);
+    const int64_t H = S.sample_shape[0], W = S.sample_shape[1], C = S.sample_shape[2];
+    const OutArray& out = batch.out;
+    check_batch(batch.indices, out);
+    const int64_t B = batch.indices.size;
+    // Plain variables, not structured bindings: the batch lambda captures them (C++17).
+    int64_t OH = 0, OW = 0;
+    std::tie(OH, OW) = check_image_out(out, chw, C);
+    if (OH < 1 || OW < 1 || OH > (1 << 24) || OW > (1 << 24))
+        throw ValueError("out has shape " + shape_of(out) + ": output height and width must be >= 1");
+    if (boxes.rows != B || boxes.cols != 4)
+        throw ValueError("boxes has shape " + shape_of(boxes) + "; expected (" + std::to_string(B) +
+                         ", 4) as (top, left, height, width)");
+    const int elem = check_image_dtype(batch, C);
+    const uint8_t* fl = check_flip(batch.flip, B);
+    const int32_t* bx = boxes.data;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
+        const std::string desc = "boxes[" + std::to_string(b) + "] = (" + std::to_string(t) + ", " +
+                                 std::to_string(l) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")";
+        if (h < 1 || w < 1) throw ValueError(desc + " is empty: height and width must be >= 1");
+        if (t < 0 || l < 0 || t + h > H || l + w > W)
+            throw IndexError(desc + " (top, left, height, width) is not inside the " + std::to_string(H) + "x" +
+                             std::to_string(W) + " source image");
+    }
+    check_no_overlap(S, out);
+    const std::vector<const uint8_t*> ptrs = resolve(S, batch.indices);
+
+    const IsaKernels& K = active_kernels();
+    const int64_t n = sample_elems(out);
+    auto* dst = static_cast<uint8_t*>(out.data);
+    const OutputLuts luts(K, batch.table, elem, C, batch.affine_hint);
+    parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
+        thread_local ResampleBuffers buf;
+        thread_local AxisWeightsCache weights;
+        for (int64_t b = b0; b < b1; ++b) {
+            const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
+            const uint8_t* box = ptrs[b] + (t * W + l) * C;
+            WriteSpec s;
+            s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = fl && fl[b];
+            const uint8_t* img = box;  // the resized HWC image handed to the writer
+            if (h == OH && w == OW) {
+                // Both axes are identities under the rule (one tap of 2**14): read the box in place.
+                s.row_stride = W * C;
+            } else {
+                const auto [wv, wh] = weights.get(h, OH, w, OW);
+                // Padding: transpose_pixels reads past the end of its source.
+                buf.vpass.resize(OH * w * C + kTransposePad);
+                buf.transposed.resize(OH * w * C);
+                buf.result.resize(OW * OH * C + kTransposePad);
+                buf.image.resize(OW * OH * C);
+                buf.acc.resize(std::max(w, OH) * C);
+                // Vertical pass over the box columns; transpose so that the horizontal
+                // pass is the same contiguous row operation; transpose back.
+                K.resample_rows(box, W * C, *wv, w * C, buf.vpass.data(), buf.acc.data());
+                K.transpose_pixels(buf.vpass.data(), OH, w, C, buf.transposed.data());
+                K.resample_rows(buf.transposed.data(), OH * C, *wh, OH * C, buf.result.data(), buf.acc.data());
+                K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
+                img = buf.image.data();
+            }
+            luts.write(img, s, dst + b * n * elem);
+        }
+    });
+}
+
+void gather_columns(const std::vector<std::vector<InArray>>& columns, const Indices& indices,
+                    const std::vector<OutArray>& outs) {
+    run_gather_columns(columns, indices, outs, false);
+}
+
+void gather_rows(const std::vector<InArray>& sources, const Indices& indices, const OutArray& out) {
+    run_gather_columns({sources}, indices, {out}, true);
+}
+
+}  // namespace tbl
