@@ -45,6 +45,8 @@ from pathlib import Path
 
 import pytest
 
+from tbl_format.cli import build_parser as build_tbl_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "packages"
 DOCS = sorted({ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *PACKAGES.glob("*/README.md")})
@@ -230,16 +232,10 @@ def nox_problems(args: list[str]) -> list[str]:
 
 # --- running shell commands ------------------------------------------------------------------
 
-def _tbl_parser():
-    from tbl_format.cli import build_parser
-
-    return build_parser()
-
-
 def checked_not_run_problems(argv: list[str]) -> list[str]:
     if argv[0] == "tbl":
         try:
-            _tbl_parser().parse_args(argv[1:])
+            build_tbl_parser().parse_args(argv[1:])
         except SystemExit as exc:
             return [f"the tbl parser rejects it (exit {exc.code})"]
         return []
