@@ -2,7 +2,10 @@
 
 - Dependency direction (no cycles): tbl-format <- tbl-loader <- tbl-resident,
   tbl-kernels <- tbl-loader, everything <- tbl-bench.
-- Nothing imports another package's private (underscore) modules.
+- Nothing imports another package's private (underscore) modules, and across
+  packages only names in the target's ``__all__`` are used (or in the ``__all__``
+  of a submodule that the target's ``__all__`` exports, such as ``tbl_loader.order``).
+- Every sibling a package imports is declared in its pyproject.
 - tbl-format imports neither numpy nor torch at module level (a data-prep box
   has neither), and torch is imported at module level only where it is needed.
 - Every package's ``__all__`` is sorted.
@@ -18,16 +21,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ROOT / "packages"
+from import_rules import IMPORT_NAME, PACKAGES, ROOT, module_files, package_dir, sibling_violations
 
-IMPORT_NAME = {
-    "tbl-format": "tbl_format",
-    "tbl-kernels": "tbl_kernels",
-    "tbl-loader": "tbl_loader",
-    "tbl-resident": "tbl_resident",
-    "tbl-bench": "tbl_bench",
-}
 ALLOWED_DEPS = {
     "tbl_format": set(),
     "tbl_kernels": set(),
@@ -38,8 +33,7 @@ ALLOWED_DEPS = {
 
 
 def _sources(module: str) -> list[Path]:
-    dist = next(d for d, m in IMPORT_NAME.items() if m == module)
-    return sorted((PACKAGES / dist / "src" / module).rglob("*.py"))
+    return sorted(package_dir(module).rglob("*.py"))
 
 
 def _imports(path: Path, *, module_level_only: bool = False) -> list[tuple[str, int]]:
@@ -68,6 +62,64 @@ def test_dependency_direction_and_no_private_imports(module):
                 if private:
                     problems.append(f"{path.relative_to(ROOT)}:{line} imports private {name}")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED_DEPS))
+def test_siblings_are_used_only_through_their_public_names(module):
+    problems = [p for path in _sources(module) for p in sibling_violations(path, module)]
+    assert not problems, "\n".join(problems)
+
+
+def _declared(dist: str) -> set[str]:
+    project = tomllib.loads((PACKAGES / dist / "pyproject.toml").read_text())["project"]
+    specs = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        specs += extra
+    names = {re.match(r"[A-Za-z0-9_.-]+", spec).group(0).lower() for spec in specs}
+    return {IMPORT_NAME[n] for n in names if n in IMPORT_NAME}
+
+
+@pytest.mark.parametrize("dist", sorted(IMPORT_NAME))
+def test_every_imported_sibling_is_declared(dist):
+    module = IMPORT_NAME[dist]
+    used = {name.split(".")[0] for path in _sources(module) for name, _ in _imports(path)}
+    missing = (used & set(IMPORT_NAME.values())) - {module} - _declared(dist)
+    assert not missing, f"{dist} imports {sorted(missing)} without declaring them in its pyproject"
+
+
+def _fake_siblings(tmp_path) -> Path:
+    """A tree with a sibling package ``tbl_loader`` whose ``__all__`` exports ``Good`` and the submodule ``order``."""
+    src = tmp_path / "tbl-loader" / "src" / "tbl_loader"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text('__all__ = ["Good", "order"]\n')
+    (src / "order.py").write_text('__all__ = ["EpochOrder"]\n')
+    (src / "output.py").write_text('__all__ = ["OutputSpec"]\n')
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("source", "rejected"),
+    [
+        ("from tbl_loader import Good\nfrom tbl_loader.order import EpochOrder\n", None),
+        ("import tbl_loader\ntbl_loader.Good\ntbl_loader.order\n", None),
+        ("from tbl_loader import order\norder.EpochOrder\n", None),
+        ("from tbl_loader import Hidden\n", "tbl_loader.Hidden"),
+        ("from tbl_loader.output import OutputSpec\n", "tbl_loader.output"),
+        ("from tbl_loader.order import BatchPlan\n", "tbl_loader.order.BatchPlan"),
+        ("import tbl_loader\ntbl_loader.output\n", "tbl_loader.output"),
+        ("import tbl_loader.output as out\n", "tbl_loader.output"),
+        ("from tbl_loader import order\norder.BatchPlan\n", "tbl_loader.order.BatchPlan"),
+    ],
+)
+def test_the_boundary_rule_rejects_names_outside_all(tmp_path, source, rejected):
+    packages = _fake_siblings(tmp_path / "packages")
+    user = tmp_path / "user.py"
+    user.write_text(source)
+    problems = sibling_violations(user, "tbl_resident", packages)
+    if rejected is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and f"uses {rejected}" in problems[0], problems
 
 
 def test_tbl_format_needs_neither_numpy_nor_torch_at_import():
@@ -106,9 +158,9 @@ def test_public_api_is_sorted(module):
 
 
 def _version(dist: str) -> tuple[int, ...]:
-    module = IMPORT_NAME[dist]
-    text = (PACKAGES / dist / "src" / module / "__init__.py").read_text()
-    match = re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M)
+    files = module_files(package_dir(IMPORT_NAME[dist]))
+    texts = [files[name].read_text() for name in files if name.split(".")[-1] in (IMPORT_NAME[dist], "version")]
+    match = next((m for m in (re.search(r'^__version__\s*=\s*"([^"]+)"', t, re.M) for t in texts) if m), None)
     if match is None:  # the compiled package may keep its version next to the build files
         pyproject = tomllib.loads((PACKAGES / dist / "pyproject.toml").read_text())
         version = pyproject["project"]["version"]

@@ -18,7 +18,7 @@ from convert_images import jpeg_set, truncated_jpeg, variants, write_tar, write_
 
 import tbl_format
 from tbl_loader.cli import register_convert
-from tbl_loader.convert import ImageDecodeError, SourceError, convert, merge_parts, part_range
+from tbl_loader.conversion import ImageDecodeError, SourceError, convert, merge_parts, part_range
 from tbl_loader.decode import reference_preprocess
 
 S = 32
@@ -182,7 +182,7 @@ def test_corrupt_skip_lists_them(tmp_path: Path, corrupt_tree: Path, imagenet_fi
 
 def test_interrupt_leaves_nothing(tmp_path: Path, imagenet_files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     # the package exports the function `convert`, which hides the submodule attribute of the same name
-    conv = importlib.import_module("tbl_loader.convert")
+    conv = importlib.import_module("tbl_loader.conversion")
     calls = {"n": 0}
     real = conv._Decoder.one
 

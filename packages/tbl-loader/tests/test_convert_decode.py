@@ -13,7 +13,7 @@ pytest.importorskip("skimage")
 from convert_images import encode, jpeg_set, photos, truncated_jpeg, variants, write_tree
 
 import tbl_format
-from tbl_loader.convert import convert
+from tbl_loader.conversion import convert
 from tbl_loader.decode import (
     PillowConfigError,
     UnsupportedImageModeError,

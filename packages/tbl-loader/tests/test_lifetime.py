@@ -148,7 +148,7 @@ def test_released_buffers_are_reused(dataset_path):
     loader = ImageLoader(dataset_path, 4, prefetch=1, backend="numpy")
     for _ in loader:
         pass
-    ring = loader._res.ring
+    ring = loader._pipeline.ring
     assert ring.allocations == len(ring) == 3  # prefetch + 2, never grown
     loader.close()
 

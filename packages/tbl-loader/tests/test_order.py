@@ -247,10 +247,3 @@ def test_epoch_order_validation(kwargs, match):
     args = {"num_samples": 10, "seed": 0, "epoch": 0, **kwargs}
     with pytest.raises(ValueError, match=match):
         order.EpochOrder(**args)
-
-
-def test_epoch_order_draws_match_the_plain_functions():
-    o = order.EpochOrder(40, seed=2, epoch=6)
-    ids = o.indices[:10]
-    assert np.array_equal(o.flips(ids, 0.5), order.flip_draws(2, 6, ids, 0.5))
-    assert np.array_equal(o.crop_boxes(ids, 30, 20), order.random_resized_crop_boxes(2, 6, ids, 30, 20))

@@ -85,10 +85,10 @@ def _slot_ids(ring):
 def test_ring_never_hands_out_a_held_slot():
     ring = Ring(lambda: {"x": allocate_host((2,), "uint8", NUMPY)}, size=2)
     a = ring.acquire()
-    a_out = ring.publish(a, 2, NUMPY)["x"]
+    a_out = ring.publish(a, 2, NUMPY)[0]["x"]
     b = ring.acquire()
     assert b is not a
-    b_out = ring.publish(b, 2, NUMPY)["x"]
+    b_out = ring.publish(b, 2, NUMPY)[0]["x"]
     c = ring.acquire()  # both held: a new slot, never a reused one
     assert c is not a and c is not b and len(ring) == 3
     ring.publish(c, 2, NUMPY)
@@ -114,11 +114,11 @@ def test_ring_growth_warns_once_and_shrinks_back_after_release():
     kept = []
     with pytest.warns(RingGrowthWarning, match="still referenced"):
         for _ in range(6):
-            kept.append(ring.publish(ring.acquire(), 1000, NUMPY)["x"])
+            kept.append(ring.publish(ring.acquire(), 1000, NUMPY)[0]["x"])
     assert len(ring) == 6 and ring.allocations == 6
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
-        kept.append(ring.publish(ring.acquire(), 1000, NUMPY)["x"])
+        kept.append(ring.publish(ring.acquire(), 1000, NUMPY)[0]["x"])
     kept.clear()
     ring.publish(ring.acquire(), 1000, NUMPY)
     assert len(ring) == 2  # released extra slots are dropped
@@ -162,3 +162,23 @@ def test_row_view_buffers_track_liveness_too():
     assert out.dtype == np.int64 and buf.in_use()
     del out
     assert not buf.in_use()
+
+
+def test_payload_travels_with_its_slot_and_is_handed_over():
+    ring = Ring(lambda: {"x": allocate_host((2,), "uint8", NUMPY)}, size=1)
+    slot = ring.acquire()
+    slot.payload = ["a", "b"]
+    out, payload = ring.publish(slot, 2, NUMPY)
+    assert payload == ["a", "b"]
+    assert slot.payload is None  # the ring keeps no reference to what the user now holds
+    del out
+    again = ring.acquire()
+    assert again is slot and again.payload is None
+
+
+def test_released_slot_drops_its_payload():
+    ring = Ring(lambda: {"x": allocate_host((2,), "uint8", NUMPY)}, size=1)
+    slot = ring.acquire()
+    slot.payload = object()
+    slot.release()
+    assert slot.payload is None and not slot.held()

@@ -3,51 +3,56 @@
 from __future__ import annotations
 
 from . import order
-from .convert import ConvertReport, ImageDecodeError, convert
-from .image_loader import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Batch,
-    ImageLoader,
-    RandomResizedCrop,
-    image_columns,
-    image_stream_settings,
-    output_geometry,
-    size_pair,
-)
-from .order import EpochOrder
+from .conversion import ConvertReport, ImageDecodeError, SourceError, WorkerCrashError, convert, merge_parts
+from .cursor import Resumable, StreamCursor, StreamOptions
+from .decode import PillowConfigError, UnsupportedImageModeError
+from .image_loader import Batch, ImageLoader
+from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
+from .order import BatchPlan, EpochOrder
+from .output import OUTPUT_DTYPES, OutputSpec
+from .pipeline import BatchSource, HostPipeline, LoaderClosedError
 from .pytree import VAR_MODES, Padded, PyTreeDataset, PyTreeLoader, collate_identity, write, write_parallel
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
-from .stream import BatchStream, LoaderClosedError
+from .version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Batch",
-    "BatchStream",
+    "BatchPlan",
+    "BatchSource",
     "ConvertReport",
     "EpochOrder",
+    "HostPipeline",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "ImageColumns",
     "ImageDecodeError",
     "ImageLoader",
+    "ImageSpec",
+    "LAYOUTS",
     "LoaderClosedError",
+    "OUTPUT_DTYPES",
+    "OutputSpec",
     "Padded",
+    "PillowConfigError",
     "PyTreeDataset",
     "PyTreeLoader",
     "RandomResizedCrop",
+    "Resumable",
     "RingGrowthWarning",
+    "SourceError",
     "StateMismatchError",
+    "StreamCursor",
+    "StreamOptions",
+    "UnsupportedImageModeError",
     "VAR_MODES",
+    "WorkerCrashError",
     "__version__",
     "collate_identity",
     "convert",
-    "image_columns",
-    "image_stream_settings",
+    "merge_parts",
     "order",
-    "output_geometry",
-    "size_pair",
     "write",
     "write_parallel",
 ]

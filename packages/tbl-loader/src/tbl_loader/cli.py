@@ -59,7 +59,7 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from .convert import ImageDecodeError, SourceError, WorkerCrashError, convert, merge_parts
+    from .conversion import ImageDecodeError, SourceError, WorkerCrashError, convert, merge_parts
 
     if args.merge:
         if len(args.paths) < 2:

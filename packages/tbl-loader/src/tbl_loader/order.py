@@ -382,14 +382,6 @@ class EpochOrder:
         """This rank's sample ids for the rest of the epoch (contiguous int64)."""
         return np.ascontiguousarray(self.padded_sequence[self.rank :: self.world_size])
 
-    def flips(self, sample_ids, p: float) -> np.ndarray:
-        """This epoch's flip draws for ``sample_ids`` (see :func:`flip_draws`)."""
-        return flip_draws(self.seed, self.epoch, sample_ids, p)
-
-    def crop_boxes(self, sample_ids, height: int, width: int, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0)):
-        """This epoch's random-resized-crop boxes for ``sample_ids`` (see :func:`random_resized_crop_boxes`)."""
-        return random_resized_crop_boxes(self.seed, self.epoch, sample_ids, height, width, scale, ratio)
-
     def num_batches(self, batch_size: int, drop_last: bool) -> int:
         n = self.indices.shape[0]
         return n // batch_size if drop_last else -(-n // batch_size)

@@ -17,6 +17,7 @@ for bfloat16 (numpy has no such type), ``uint16`` arrays of the bit patterns.
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 import warnings
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ __all__ = [
 OUTPUT_DTYPES = ("bfloat16", "float16", "float32", "uint8")
 BACKENDS = ("numpy", "torch")
 
-# Logical dtype -> numpy dtype of the host storage, and the dtype kernels write. bfloat16 is stored
+# Output dtype -> numpy dtype of the host storage, and the dtype kernels write. bfloat16 is stored
 # as int16 because that is the 2-byte integer both numpy and torch (for pinned memory) can allocate.
+# Pytree leaves are stored in their own numpy dtype (``allocate_host(..., dtype=np.dtype)``).
 _STORAGE = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
@@ -45,13 +47,7 @@ _STORAGE = {
     "uint8": np.dtype(np.uint8),
     "int64": np.dtype(np.int64),
 }
-_KERNEL = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(np.uint16),
-    "uint8": np.dtype(np.uint8),
-    "int64": np.dtype(np.int64),
-}
+_KERNEL = {**_STORAGE, "bfloat16": np.dtype(np.uint16)}
 
 
 def torch_available() -> bool:
@@ -62,29 +58,6 @@ def _torch():
     import torch  # imported only where torch output is requested
 
     return torch
-
-
-def _torch_dtype(name: str):
-    torch = _torch()
-    return {
-        "float32": torch.float32,
-        "float16": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "uint8": torch.uint8,
-        "int64": torch.int64,
-    }[name]
-
-
-def _torch_storage_dtype(name: str):
-    """Torch dtype with the same bytes as the numpy storage (for allocating pinned memory)."""
-    torch = _torch()
-    return {
-        "float32": torch.float32,
-        "float16": torch.float16,
-        "bfloat16": torch.int16,
-        "uint8": torch.uint8,
-        "int64": torch.int64,
-    }[name]
 
 
 @dataclass(frozen=True)
@@ -153,7 +126,7 @@ class HostArray:
         self.dtype = dtype
         self.pinned = pinned
         # ``kernel`` must be a view of ``root`` (e.g. a (rows, row_bytes) uint8 view for gather_rows).
-        self.kernel = root.view(_KERNEL[dtype]) if kernel is None else kernel
+        self.kernel = root.view(_KERNEL.get(dtype, root.dtype)) if kernel is None else kernel
         self.baseline = -1  # set by calibrate() once nothing but this object references root
 
     def calibrate(self) -> HostArray:
@@ -189,26 +162,35 @@ class HostArray:
 
 
 def _rows_view(root: np.ndarray) -> np.ndarray:
-    """``root`` as ``(rows, row_bytes)`` uint8: the layout ``gather_rows`` writes."""
-    return root.view(np.uint8).reshape(root.shape[0], -1)
+    """``root`` as ``(rows, row_bytes)`` uint8: the layout the row-gather kernels write."""
+    row_bytes = root.dtype.itemsize * math.prod(root.shape[1:])
+    return root.reshape(-1).view(np.uint8).reshape(root.shape[0], row_bytes)
 
 
-def allocate_host(shape: tuple[int, ...], dtype: str, spec: OutputSpec, *, as_rows: bool = False) -> HostArray:
+def allocate_host(shape: tuple[int, ...], dtype: str | np.dtype, spec: OutputSpec, *,
+                  as_rows: bool = False) -> HostArray:
     """A new host buffer of ``shape`` holding ``dtype`` values (pinned when ``spec.pin_memory``).
 
-    ``as_rows=True`` makes the kernel view ``(rows, row_bytes)`` uint8, for ``gather_rows``.
+    ``dtype``: an output dtype name (``OUTPUT_DTYPES`` or ``"int64"``), or a numpy
+    dtype object for values stored as they are (pytree leaves). ``as_rows=True``
+    makes the kernel view ``(rows, row_bytes)`` uint8, for the row-gather kernels.
     """
-    if dtype not in _STORAGE:
-        raise ValueError(f"dtype must be one of {OUTPUT_DTYPES} (or int64), got {dtype!r}")
+    if isinstance(dtype, np.dtype):
+        storage, name = dtype, dtype.name
+    elif dtype in _STORAGE:
+        storage, name = _STORAGE[dtype], dtype
+    else:
+        raise ValueError(f"dtype must be one of {OUTPUT_DTYPES} (or int64) or a numpy dtype, got {dtype!r}")
     if spec.pin_memory:
         torch = _torch()
-        pinned = torch.empty(shape, dtype=_torch_storage_dtype(dtype), pin_memory=True)
+        torch_dtype = torch.from_numpy(np.empty(0, dtype=storage)).dtype  # same bytes as the numpy storage
+        pinned = torch.empty(shape, dtype=torch_dtype, pin_memory=True)
         # No further .view(): numpy collapses a view's base onto the first array that owns
         # its memory or whose base is not an array, and that must be ``root`` itself.
         root = pinned.numpy()
     else:
-        pinned, root = None, np.empty(shape, dtype=_STORAGE[dtype])
-    host = HostArray(root, dtype, pinned, _rows_view(root) if as_rows else None)
+        pinned, root = None, np.empty(shape, dtype=storage)
+    host = HostArray(root, name, pinned, _rows_view(root) if as_rows else None)
     del root, pinned
     # No local name holds root any more: the count now is the count of an unused buffer.
     return host.calibrate()

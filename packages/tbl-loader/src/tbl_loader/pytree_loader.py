@@ -1,95 +1,35 @@
-"""PyTreeLoader: batches of sample pytrees through the loaders' common stream (order, state, prefetch, ring).
+"""PyTreeLoader: batches of sample pytrees through the loaders' common cursor and host pipeline.
 
 Everything about *which* rows come in *which* batch (shuffle, seed, epochs,
 ``drop_last``, ranks, padding, ``state_dict`` / resume) is
-:class:`tbl_loader.stream.BatchStream` and :mod:`tbl_loader.order`, the same
-code the image loader runs. This module supplies the batch source: on the
+:class:`tbl_loader.cursor.StreamCursor` and :mod:`tbl_loader.order`, the same
+code the image loader runs; batches are made by a
+:class:`tbl_loader.pipeline.HostPipeline` around the batch source below. On the
 producer thread it gathers every fixed-size leaf with one ``gather_columns``
 call, each into that leaf's ring buffer (pinned when ``pin_memory``; reused only
-once the user dropped every view of it, see :mod:`tbl_loader.ring`) and reads
-the variable-size leaves row by row.
-
-Variable-size leaves (Python objects) travel with their ring slot in an
-object cell: one more entry of the slot, filled by the producer and emptied
-when the batch is handed out; it never blocks slot reuse, because the user
-receives the values themselves, never the cell.
+once the user dropped every view of it, see :mod:`tbl_loader.ring`), and reads
+the variable-size leaves row by row into the slot's payload, which the batch
+takes over when it is handed out.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
 
+import tbl_format
+
+from .cursor import Resumable, StreamCursor, StreamOptions
 from .order import BatchPlan
-from .output import HostArray, OutputSpec
-from .pytree_batch import DEFAULT_MAX_OPEN, Collator, Padded, RowSource
-from .state import dataset_fingerprint
-from .stream import BatchStream
+from .output import HostArray, OutputSpec, allocate_host
+from .pipeline import HostPipeline
+from .pytree_batch import Collator, Padded, RowSource
+from .state import pytree_fingerprint_v0_1
 
 __all__ = ["PyTreeLoader"]
-
-_CELL = "__objects__"
-
-
-class _ColumnBuffer(HostArray):
-    """A ring buffer for one fixed-size leaf, in the leaf's own dtype (any stored dtype, bool included).
-
-    Same liveness rule as HostArray (the reference count of ``root``); the kernel
-    view is the ``(capacity, row_bytes)`` uint8 reinterpretation ``gather_columns`` writes.
-    """
-
-    def __init__(self, root: np.ndarray, row_bytes: int, pinned: Any = None) -> None:
-        self.root = root
-        self.dtype = root.dtype.name
-        self.pinned = pinned
-        self.kernel = root.view(np.uint8).reshape(root.shape[0], row_bytes)
-        self.baseline = -1
-
-
-def _allocate_column(capacity: int, dtype: np.dtype, row_shape: tuple[int, ...], row_bytes: int,
-                     spec: OutputSpec) -> _ColumnBuffer:
-    shape = (capacity, *row_shape)
-    if spec.pin_memory:
-        import torch
-
-        torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-        pinned = torch.empty(shape, dtype=torch_dtype, pin_memory=True)
-        buf = _ColumnBuffer(pinned.numpy(), row_bytes, pinned)
-    else:
-        buf = _ColumnBuffer(np.empty(shape, dtype=dtype), row_bytes)
-    return buf.calibrate()
-
-
-class _Carry:
-    """The variable-size leaves of one batch on their way through Ring.publish (a no-op ``.to``)."""
-
-    __slots__ = ("values",)
-
-    def __init__(self, values: Any) -> None:
-        self.values = values
-
-    def to(self, *args: Any, **kwargs: Any) -> _Carry:
-        return self
-
-
-class _ObjectCell(HostArray):
-    """One slot's variable-size values: written by the producer, taken out at publish."""
-
-    def __init__(self) -> None:
-        self.root = np.empty(1, dtype=object)
-        self.dtype = "object"
-        self.pinned = None
-        self.kernel = self.root
-        self.baseline = 0
-
-    def in_use(self) -> bool:
-        return False  # the user holds the values, never this cell
-
-    def export(self, rows: int, spec: OutputSpec) -> _Carry:
-        values, self.root[0] = self.root[0], None
-        return _Carry(values)
 
 
 class _PyTreeSource:
@@ -100,26 +40,20 @@ class _PyTreeSource:
         self.collator = collator
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
-        buffers: dict[str, HostArray] = {
-            leaf.path: _allocate_column(capacity, leaf.dtype, leaf.row_shape, leaf.row_bytes, output)
-            for leaf in self.collator.fixed
-        }
-        if self.collator.var:
-            buffers[_CELL] = _ObjectCell()
-        return buffers
+        return {leaf.path: allocate_host((capacity, *leaf.row_shape), np.dtype(leaf.dtype), output, as_rows=True)
+                for leaf in self.collator.fixed}
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> list[Any] | None:
+        """Gathers the fixed-size leaves into ``buffers``; returns the variable-size columns (the payload)."""
         ids = plan.sample_ids
         n = ids.shape[0]
-        source = self.source
         gathered = self.collator.gathered
         if n and gathered:
-            source.gather(gathered, ids, [buffers[leaf.path][:n] for leaf in gathered])
-        if self.collator.var:
-            buffers[_CELL][0] = self.collator.var_columns(source, ids)
+            self.source.gather(gathered, ids, [buffers[leaf.path][:n] for leaf in gathered])
+        return self.collator.var_columns(self.source, ids) if self.collator.var else None
 
 
-class PyTreeLoader(BatchStream):
+class PyTreeLoader(Resumable):
     """Batches of collated sample pytrees from a ``.tbl`` file or dataset directory.
 
     Each batch is the dataset's pytree with one value per leaf: fixed-size leaves
@@ -133,7 +67,7 @@ class PyTreeLoader(BatchStream):
     ``set_epoch``, ``state_dict`` / ``load_state_dict``, ``prefetch`` (batches
     prepared ahead on a producer thread; 0 = no thread), ``device`` and
     ``pin_memory`` behave exactly as in :class:`tbl_loader.ImageLoader` (same code:
-    :class:`tbl_loader.stream.BatchStream`). ``leaves`` selects leaf paths;
+    :class:`tbl_loader.cursor.StreamCursor` and :class:`tbl_loader.pipeline.HostPipeline`). ``leaves`` selects leaf paths;
     ``max_open`` bounds the shards mapped at once.
 
     Ring buffers are reused only after every view of a batch was dropped; keep
@@ -158,54 +92,57 @@ class PyTreeLoader(BatchStream):
         device: Any = None,
         pin_memory: bool = False,
         return_indices: bool = False,
-        max_open: int = DEFAULT_MAX_OPEN,
+        max_open: int = tbl_format.DEFAULT_MAX_OPEN,
         verify: bool = False,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+        options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+                                world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
         source = RowSource(path, max_open=max_open, verify=verify)
         try:
             collator = Collator(source.schema, leaves, var)
-            super().__init__(
-                num_samples=source.num_rows,
-                batch_size=batch_size,
-                shuffle=shuffle,
-                seed=seed,
-                drop_last=drop_last,
-                prefetch=prefetch,
-                rank=rank,
-                world_size=world_size,
-                padding=padding,
-                output=output,
-                dataset_fingerprint=dataset_fingerprint(source),
-                closers=[source.close],
-            )
+            self.cursor = StreamCursor(source.num_rows, options, dataset_fingerprint=source.dataset.fingerprint,
+                                       accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),))
+            self._pipeline = HostPipeline(_PyTreeSource(source, collator), output, capacity=options.batch_size,
+                                          prefetch=prefetch, closers=[source.close])
         except BaseException:
             source.close()
             raise
+        self.cursor.on_jump(self._pipeline.stop)
+        weakref.finalize(self, self._pipeline.close)
         self.path = path
         self.collator = collator
         self.schema = source.schema
         self.metadata = source.metadata
+        self.output = output
+        self.prefetch = prefetch
         self.return_indices = bool(return_indices)
-        self._rows = source
+
+    def __iter__(self):
+        return self._pipeline.run(self.cursor, self._make_batch)
+
+    def close(self) -> None:
+        """Stop the producer, release the buffers, close the dataset."""
+        self._pipeline.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._pipeline.closed
 
     @property
     def leaf_paths(self) -> list[str]:
         return list(self.collator.paths)
 
-    def _batch_source(self) -> _PyTreeSource:
-        return _PyTreeSource(self._rows, self.collator)
-
-    def _make_batch(self, outputs: dict[str, Any], plan: BatchPlan) -> Any:
+    def _make_batch(self, outputs: dict[str, Any], var_columns: list[Any] | None, plan: BatchPlan) -> Any:
         collator = self.collator
         values: list[Any] = [None] * len(collator.paths)
         for leaf in collator.fixed:
             values[leaf.slot] = outputs[leaf.path]
         if collator.var:
             torch_out = self.output.backend == "torch"
-            for leaf, col in zip(collator.var, outputs[_CELL].values, strict=True):
+            for leaf, col in zip(collator.var, var_columns, strict=True):
                 values[leaf.slot] = self._convert(col) if torch_out else col
         batch = collator.build(values)
         if not self.return_indices:

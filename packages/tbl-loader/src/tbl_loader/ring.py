@@ -7,10 +7,12 @@ Lifetime of a slot (a set of named host buffers, e.g. images + labels):
    :class:`tbl_loader.output.HostArray`: any numpy view or torch tensor over the
    memory raises the buffer's reference count) and no pending device copy (its
    CUDA event, if any, has completed).
-2. The producer fills it; the slot travels through the prefetch queue.
+2. The producer fills it, and may attach a Python ``payload`` (values that are
+   not arrays); the slot travels through the prefetch queue.
 3. ``publish()`` (consumer thread) turns it into the user's objects: host views,
    or device tensors copied with ``non_blocking=True`` after which a CUDA event
-   is recorded on the current stream. Only then is the in-flight mark cleared:
+   is recorded on the current stream, and hands the payload over (the slot
+   keeps no reference to it). Only then is the in-flight mark cleared:
    from here on the user's references (or the event) keep the slot busy.
 4. When the user drops every view (and the copy finished), the slot is free again.
 
@@ -38,15 +40,21 @@ class RingGrowthWarning(ResourceWarning):
 
 
 class Slot:
-    """One set of buffers plus its in-flight mark and pending-copy event."""
+    """One set of buffers plus its payload, in-flight mark and pending-copy event."""
 
-    __slots__ = ("arrays", "event", "in_flight", "kernel")
+    __slots__ = ("arrays", "event", "in_flight", "kernel", "payload")
 
     def __init__(self, arrays: dict[str, HostArray]) -> None:
         self.arrays = arrays
         self.kernel = {name: a.kernel for name, a in arrays.items()}  # what fill() writes
         self.in_flight = False
         self.event: Any = None
+        self.payload: Any = None  # the producer's Python values for this batch, until published
+
+    def release(self) -> None:
+        """Free again without being handed out (a fill or a publish failed)."""
+        self.payload = None
+        self.in_flight = False
 
     def held(self) -> bool:
         """In flight, or some user object still references one of the buffers."""
@@ -134,8 +142,8 @@ class Ring:
                 self._slots.remove(slot)
         self._next %= len(self._slots)
 
-    def publish(self, slot: Slot, rows: int, spec: OutputSpec) -> dict[str, Any]:
-        """The user's objects for the first ``rows`` rows of every buffer (consumer side)."""
+    def publish(self, slot: Slot, rows: int, spec: OutputSpec) -> tuple[dict[str, Any], Any]:
+        """The user's objects for the first ``rows`` rows of every buffer, and the slot's payload (consumer side)."""
         if spec.device is None:
             out = {name: a.export(rows, spec) for name, a in slot.arrays.items()}
         else:
@@ -149,8 +157,9 @@ class Ring:
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(spec.device))
                 slot.event = event
+        payload, slot.payload = slot.payload, None
         slot.in_flight = False  # only now: the user's references / the event protect it from here
-        return out
+        return out, payload
 
     def close(self) -> None:
         """Drop the buffers and the allocator (which may reference the loader's data source)."""
@@ -160,4 +169,4 @@ class Ring:
     def reclaim(self) -> None:
         """Clear every in-flight mark. Call only when no producer is running."""
         for slot in self._slots:
-            slot.in_flight = False
+            slot.release()

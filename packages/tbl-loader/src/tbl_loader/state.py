@@ -22,7 +22,7 @@ __all__ = [
     "STATE_VERSION",
     "StateMismatchError",
     "StreamState",
-    "dataset_fingerprint",
+    "pytree_fingerprint_v0_1",
     "settings_fingerprint",
 ]
 
@@ -38,45 +38,17 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
-def dataset_fingerprint(dataset: Any) -> str:
-    """Fingerprint of an open dataset from its public description.
+def pytree_fingerprint_v0_1(dataset: Any) -> str:
+    """The dataset fingerprint that tbl-loader 0.1.0's ``PyTreeLoader`` saved in its state dicts.
 
-    Covers the row count, the rows per shard, the schema, the metadata (class
-    names and preprocessing parameters live there) and, when the dataset exposes
-    them, every shard's header checksum: from ``dataset.shard_entries`` (the
-    manifest's record, so no shard is mapped) or else ``dataset.shard(k).header_crc32``.
-    Both give the same checksums, hence the same fingerprint. Uses
-    ``dataset.fingerprint`` instead when the dataset provides one (a string or a
-    method returning one).
+    Loaders now record ``tbl_format.Dataset.fingerprint``; a state of that
+    release names the same dataset by this value, so ``PyTreeLoader`` still
+    accepts it. Reads the manifest's record only (no shard is mapped).
     """
-    own = getattr(dataset, "fingerprint", None)
-    if callable(own):
-        own = own()
-    if isinstance(own, str):
-        return _digest({"dataset": own})
-    schema = getattr(dataset, "schema", None)
-    if schema is not None and hasattr(schema, "fingerprint"):
-        schema_id = schema.fingerprint() if callable(schema.fingerprint) else schema.fingerprint
-    elif schema is not None and hasattr(schema, "to_json"):
-        schema_id = schema.to_json()
-    else:
-        schema_id = repr(schema)
-    segment_rows = list(getattr(dataset, "segment_rows", []))
-    headers = None
-    entries = getattr(dataset, "shard_entries", None)
-    if entries is not None:
-        headers = [entry.get("header_crc32") for entry in entries]
-    elif callable(getattr(dataset, "shard", None)):
-        headers = [getattr(dataset.shard(k), "header_crc32", None) for k in range(len(segment_rows))]
-    return _digest(
-        {
-            "rows": len(dataset),
-            "segment_rows": segment_rows,
-            "shard_headers": headers,
-            "schema": schema_id,
-            "metadata": getattr(dataset, "metadata", None),
-        }
-    )
+    body = {"schema": dataset.schema.fingerprint, "metadata": dataset.metadata, "rows": dataset.segment_rows,
+            "header_crc32": [entry["header_crc32"] for entry in dataset.shard_entries]}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return _digest({"dataset": hashlib.sha256(text.encode("utf-8")).hexdigest()})
 
 
 def settings_fingerprint(settings: dict[str, Any]) -> str:
@@ -120,9 +92,12 @@ class StreamState:
                 raise StateMismatchError(f"state[{key!r}] must be a non-negative int, got {value!r}")
         return cls(state["seed"], state["epoch"], state["consumed"], str(state["dataset"]), str(state["settings"]))
 
-    def check_compatible(self, other: StreamState) -> None:
-        """Raise :class:`StateMismatchError` naming the first field where ``other`` differs."""
-        if self.dataset != other.dataset:
+    def check_compatible(self, other: StreamState, *, accepted_datasets: tuple[str, ...] = ()) -> None:
+        """Raise :class:`StateMismatchError` naming the first field where ``other`` differs.
+
+        ``accepted_datasets``: further dataset fingerprints that name this state's dataset too.
+        """
+        if other.dataset != self.dataset and other.dataset not in accepted_datasets:
             raise StateMismatchError(
                 f"state was saved for another dataset (fingerprint {other.dataset}, this loader's is {self.dataset})"
             )

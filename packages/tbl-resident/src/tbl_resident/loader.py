@@ -9,9 +9,10 @@ device gathers the images (``index_select``), mirrors the flipped ones, crops
 and resizes (exact fixed-point rule, :mod:`tbl_resident.resample`) and looks
 the bytes up in the normalization table (:mod:`tbl_resident.normalize`).
 
-Order, sharding, resume and epochs are :class:`tbl_loader.BatchStream`'s, and
-the stream settings are the ones :class:`tbl_loader.ImageLoader` fingerprints,
-so a ``state_dict`` saved by one loader resumes the other on the same dataset.
+Order, sharding, resume and epochs are a :class:`tbl_loader.StreamCursor`, and
+what is served is a :class:`tbl_loader.ImageSpec`, the same two objects
+:class:`tbl_loader.ImageLoader` is made of, so a ``state_dict`` saved by one
+loader resumes the other on the same dataset.
 """
 
 from __future__ import annotations
@@ -24,20 +25,22 @@ from typing import Any
 import numpy as np
 import torch
 
+import tbl_format
 from tbl_loader import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Batch,
-    BatchStream,
+    BatchPlan,
+    EpochOrder,
+    ImageColumns,
+    ImageSpec,
+    LoaderClosedError,
     RandomResizedCrop,
-    image_columns,
-    image_stream_settings,
+    Resumable,
+    StreamCursor,
+    StreamOptions,
     order,
-    output_geometry,
 )
-from tbl_loader.order import BatchPlan, EpochOrder
-from tbl_loader.output import OutputSpec
-from tbl_loader.state import dataset_fingerprint
 
 from . import device as _device
 from .device import DeviceMemoryError, DeviceQueue, resolve_device
@@ -46,9 +49,7 @@ from .order_ahead import OrderAhead
 from .resample import AxisTable, crop_resize_u8, crop_taps
 from .upload import DEFAULT_CHUNK_BYTES, UploadStats, upload_rows
 
-__all__ = ["LAYOUTS", "ResidentImageLoader", "workspace_bytes"]
-
-LAYOUTS = ("CHW", "HWC")
+__all__ = ["ResidentImageLoader", "workspace_bytes"]
 
 
 def workspace_bytes(batch_size: int, prefetch: int, image_shape: tuple[int, int, int],
@@ -76,18 +77,16 @@ class _Serving:
     """Everything that lives on the device for one loader, and the per-batch recipe."""
 
     def __init__(self, *, images: torch.Tensor, labels: torch.Tensor | None, normalizer: Normalizer,
-                 queue: DeviceQueue, seed: int, hflip: float, crop: RandomResizedCrop | None,
-                 center_box: np.ndarray | None, out_hw: tuple[int, int]) -> None:
+                 queue: DeviceQueue, seed: int, spec: ImageSpec, columns: ImageColumns) -> None:
         self.images = images
         self.labels = labels
         self.normalizer = normalizer
         self.queue = queue
         self.seed = seed
-        self.hflip = hflip
-        self.crop = crop
-        self.center_box = center_box
-        self.out_hw = out_hw
-        self.orders = OrderAhead(seed, hflip)
+        self.crop = crop = spec.random_resized_crop
+        self.center_box = columns.center_box
+        self.out_hw = out_hw = columns.out_hw
+        self.orders = OrderAhead(seed, spec.hflip)
         _, self.height, self.width, _ = images.shape
         self.axes: tuple[AxisTable, AxisTable] | None = None
         if crop is not None:
@@ -129,18 +128,18 @@ class _ResidentIterator:
     """One pass over the rest of an epoch. Produces up to ``prefetch`` batches ahead of the one handed out.
 
     A pass ends at the epoch's last batch, or early (StopIteration) once the
-    loader moved elsewhere (new ``iter``, ``set_epoch`` to another epoch,
-    ``load_state_dict``, ``close``). Batches produced ahead but never handed out
-    are dropped and do not count as consumed.
+    loader moved elsewhere (new ``iter``, a jump of the cursor, ``close``: each
+    calls :meth:`finish`). Batches produced ahead but never handed out are
+    dropped and do not count as consumed.
     """
 
-    def __init__(self, loader: ResidentImageLoader, serving: _Serving, plan_order: EpochOrder) -> None:
-        self._loader = loader
-        self._generation = loader._generation
-        self._serving = serving
-        self._batch_size = loader.batch_size
-        self._plans = plan_order.batches(loader.batch_size, loader.drop_last)
-        self._depth = loader.prefetch + 1
+    def __init__(self, cursor: StreamCursor, serving: _Serving, plan_order: EpochOrder, plans, *,
+                 prefetch: int) -> None:
+        self._cursor = cursor
+        self._serving: _Serving | None = serving
+        self._batch_size = cursor.options.batch_size
+        self._plans = plans
+        self._depth = prefetch + 1
         self._pending: deque = deque()
         serving.queue.wait_for_consumer()
         with serving.queue.producing():
@@ -162,32 +161,41 @@ class _ResidentIterator:
             self._pending.append((plan, images, labels, event))
 
     def __next__(self) -> Batch:
-        loader = self._loader
-        if loader is None or loader.closed or loader._generation != self._generation:
-            self._finish()
+        if self._serving is None:
             raise StopIteration
         self._fill()
         if not self._pending:
-            self._finish()
+            self.finish()
             raise StopIteration
         plan, images, labels, event = self._pending.popleft()
         self._serving.queue.hand_over(event, [images, labels])
-        loader._advance(plan)
+        self._cursor.advance(plan)
         if plan.last:
-            self._finish()
+            self.finish()
         return Batch(images, labels, torch.from_numpy(plan.sample_ids.copy()))
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         # Drop every device reference now: a finished or abandoned pass must not keep the
         # resident dataset alive after the loader was closed.
-        self._loader = None
         self._serving = None
         self._ids = self._flips = self._flip_dev = None
         self._pending.clear()
         self._plans = iter(())
 
 
-class ResidentImageLoader(BatchStream):
+class _ActivePass:
+    """The one running pass of a loader; ``stop()`` (the cursor's jump listener) ends it."""
+
+    def __init__(self) -> None:
+        self.iterator: _ResidentIterator | None = None
+
+    def stop(self) -> None:
+        iterator, self.iterator = self.iterator, None
+        if iterator is not None:
+            iterator.finish()
+
+
+class ResidentImageLoader(Resumable):
     """Batches ``Batch(images, labels, indices)`` produced on ``device`` from a dataset kept there.
 
     Arguments as :class:`tbl_loader.ImageLoader` (``path``, ``batch_size``,
@@ -254,80 +262,55 @@ class ResidentImageLoader(BatchStream):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         progress: bool | None = None,
     ) -> None:
-        if dtype not in OUTPUT_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(OUTPUT_DTYPES)}, got {dtype!r}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
+                         center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
+                         label_key=label_key)
         if channels_last and layout != "CHW":
             raise ValueError('channels_last=True applies to layout="CHW" (HWC batches are channels-last already)')
-        hflip = float(hflip)
-        if not 0.0 <= hflip <= 1.0:
-            raise ValueError(f"hflip is a probability in [0, 1], got {hflip}")
-        if random_resized_crop is not None and center_crop is not None:
-            raise ValueError("random_resized_crop and center_crop are exclusive: pass one of them")
-        if random_resized_crop is not None and not isinstance(random_resized_crop, RandomResizedCrop):
-            raise TypeError(f"random_resized_crop must be a RandomResizedCrop, got {type(random_resized_crop).__name__}")
+        options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+                                world_size=world_size, padding=padding)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         dev = resolve_device(device)
 
         if isinstance(path, (str, os.PathLike)):
-            import tbl_format
-
             dataset, opened = tbl_format.open(path), True
         else:
             dataset, opened = path, False
-        self._generation = 0
         self._serving: _Serving | None = None
+        self._active = _ActivePass()
         try:
-            images, labels = image_columns(dataset, image_key, label_key)
-            _, height, width, channels = images[0].shape
-            out_hw, center_box = output_geometry(height, width, random_resized_crop, center_crop)
-            normalizer = Normalizer(mean, std, dtype, layout, bool(channels_last), channels, dev)
-            num_samples = sum(s.shape[0] for s in images)
-            super().__init__(
-                num_samples=num_samples,
-                batch_size=batch_size,
-                shuffle=shuffle,
-                seed=seed,
-                drop_last=drop_last,
-                prefetch=prefetch,
-                rank=rank,
-                world_size=world_size,
-                padding=padding,
-                # Batches never pass through the host ring; the spec only satisfies the base class.
-                output=OutputSpec.create("torch", None, False),
-                dataset_fingerprint=dataset_fingerprint(dataset),
-            )
+            columns = spec.bind(dataset)
+            normalizer = Normalizer(spec.mean, spec.std, dtype, layout, bool(channels_last), columns.channels, dev)
+            self.cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
+                                       settings=spec.stream_settings())
+            self.cursor.on_jump(self._active.stop)
+            self.spec = spec
+            self.prefetch = prefetch
             self.device = dev
-            self.dtype = dtype
-            self.layout = layout
             self.channels_last = bool(channels_last)
-            self.hflip = hflip
-            self.random_resized_crop = random_resized_crop
-            self.center_crop = None if center_crop is None else out_hw
-            self.image_shape = (height, width, channels)
-            self.has_labels = labels is not None
-            self.image_key, self.label_key = image_key, label_key
-            self._check_fits(str(path) if opened else type(dataset).__name__, num_samples, out_hw)
-            resident, label_tensor, self.upload_stats = self._upload(images, labels, chunk_bytes, progress)
+            self.image_shape = columns.image_shape
+            self.has_labels = columns.labels is not None
+            self._check_fits(str(path) if opened else type(dataset).__name__, columns)
+            resident, label_tensor, self.upload_stats = self._upload(columns, chunk_bytes, progress)
         finally:
             if opened:
                 dataset.close()  # everything the loader needs is on the device now (or it failed)
         queue = DeviceQueue(dev)
         self._serving = _Serving(images=resident, labels=label_tensor, normalizer=normalizer, queue=queue,
-                                 seed=self.seed, hflip=hflip, crop=random_resized_crop, center_box=center_box,
-                                 out_hw=out_hw)
+                                 seed=options.seed, spec=spec, columns=columns)
         # Joins the order thread when the loader is closed or collected (the callback does not reference self).
         self._orders_finalizer = weakref.finalize(self, self._serving.orders.close)
         queue.synchronize()  # tables and uploads are complete before any side-stream work reads them
 
     # ---- construction -------------------------------------------------------------------------
 
-    def _check_fits(self, name: str, num_samples: int, out_hw: tuple[int, int]) -> None:
-        h, w, c = self.image_shape
-        image_bytes = num_samples * h * w * c
-        label_bytes = num_samples * 8 if self.has_labels else 0
-        work = workspace_bytes(self.batch_size, self.prefetch, self.image_shape, out_hw, self.dtype,
-                               self.random_resized_crop is not None)
+    def _check_fits(self, name: str, columns: ImageColumns) -> None:
+        h, w, c = columns.image_shape
+        image_bytes = columns.num_samples * h * w * c
+        label_bytes = columns.num_samples * 8 if self.has_labels else 0
+        work = workspace_bytes(self.batch_size, self.prefetch, columns.image_shape, columns.out_hw, self.spec.dtype,
+                               self.spec.random_resized_crop is not None)
         needed = image_bytes + label_bytes + work
         free = _device.free_bytes(self.device)
         if needed > free:
@@ -337,10 +320,11 @@ class ResidentImageLoader(BatchStream):
                 needed=needed, free=free,
             )
 
-    def _upload(self, images, labels, chunk_bytes, progress):
-        h, w, c = self.image_shape
+    def _upload(self, columns: ImageColumns, chunk_bytes: int, progress: bool | None):
+        h, w, c = columns.image_shape
+        labels = columns.labels
         resident = torch.empty((self.num_samples, h, w, c), dtype=torch.uint8, device=self.device)
-        stats: UploadStats = upload_rows(images, resident, chunk_bytes=chunk_bytes, progress=progress,
+        stats: UploadStats = upload_rows(columns.images, resident, chunk_bytes=chunk_bytes, progress=progress,
                                          description=f"upload to {self.device}")
         label_tensor = None
         if labels is not None:
@@ -348,44 +332,29 @@ class ResidentImageLoader(BatchStream):
             upload_rows(labels, label_tensor, chunk_bytes=chunk_bytes, progress=False)
         return resident, label_tensor, stats
 
-    # ---- stream hooks ---------------------------------------------------------------------------
-
-    def _settings(self) -> dict[str, Any]:
-        # ImageLoader's own stream settings, so the two loaders' state dicts are interchangeable.
-        return {**super()._settings(), **image_stream_settings(
-            self.hflip, self.random_resized_crop, self.center_crop, self.image_key, self.label_key)}
-
-    def set_epoch(self, epoch: int) -> None:
-        before = (self.epoch, self.consumed)
-        super().set_epoch(epoch)
-        if (self.epoch, self.consumed) != before:
-            self._generation += 1  # the running pass belongs to another position
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._generation += 1
+    # ---- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> _ResidentIterator:
-        if self.closed or self._serving is None:
-            from tbl_loader import LoaderClosedError
-
+        if self._serving is None:
             raise LoaderClosedError("this loader was closed")
-        self._generation += 1  # only one pass runs at a time
-        plan_order = self.epoch_order()
-        if plan_order.num_batches(self.batch_size, self.drop_last) == 0:
-            # Nothing left of this epoch on this rank: move to the next one, as ImageLoader does.
-            self._advance(BatchPlan(self.epoch, 0, np.empty(0, np.int64), 0, True))
-            return iter(())
-        return _ResidentIterator(self, self._serving, plan_order)
+        self._active.stop()  # only one pass runs at a time
+        started = self.cursor.start_pass()
+        if started is None:
+            return iter(())  # nothing left of this epoch on this rank: the cursor moved to the next one
+        self._active.iterator = _ResidentIterator(self.cursor, self._serving, *started, prefetch=self.prefetch)
+        return self._active.iterator
 
     def close(self) -> None:
         """Stop the running pass and release the device tensors."""
-        self._generation += 1
+        self._active.stop()
         self._serving = None
         finalizer = getattr(self, "_orders_finalizer", None)
         if finalizer is not None:
             finalizer()
-        super().close()
+
+    @property
+    def closed(self) -> bool:
+        return self._serving is None
 
     @property
     def resident_bytes(self) -> int:

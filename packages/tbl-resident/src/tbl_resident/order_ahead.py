@@ -17,8 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from tbl_loader import order
-from tbl_loader.order import EpochOrder
+from tbl_loader import EpochOrder, order
 
 __all__ = ["OrderAhead", "pass_order"]
 

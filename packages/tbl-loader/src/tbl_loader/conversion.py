@@ -74,6 +74,7 @@ import tbl_format
 
 from .decode import ALPHA_BACKGROUND, PillowConfigError, check_params, check_strict, preprocess_image
 from .sources import Listing, Locator, SourceError, TarReader, open_source, read_file
+from .version import __version__
 
 __all__ = [
     "ConvertReport",
@@ -311,8 +312,6 @@ def _results_in_order(
 
 
 def _metadata(listing: Listing, size: int, mode: str, resample: str, draft: bool) -> dict[str, Any]:
-    from . import __version__  # at call time: the package __init__ imports this module
-
     return {
         "classes": list(listing.classes),
         "preprocess": {

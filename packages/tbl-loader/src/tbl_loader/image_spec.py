@@ -1,0 +1,205 @@
+"""The image contract every image loader serves: one frozen, validated :class:`ImageSpec`.
+
+An ``ImageSpec`` holds what the user asked for (normalization, augmentation,
+output dtype and layout, which leaves hold the image and the label) and
+validates it once. ``spec.bind(dataset)`` checks a dataset against it and
+returns its :class:`ImageColumns`: the mapped image and label columns and the
+served geometry. ``spec.stream_settings()`` is what every image loader
+fingerprints into its ``state_dict``, so their saved states are interchangeable
+on one dataset. :class:`tbl_loader.ImageLoader` and tbl-resident's loader both
+build their spec with ``ImageSpec(...)`` from their keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import order
+from .output import OUTPUT_DTYPES
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "ImageColumns", "ImageSpec", "RandomResizedCrop"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+LAYOUTS = ("CHW", "HWC")
+
+
+def _size_pair(name: str, size: Any) -> tuple[int, int]:
+    """``size`` (an int or an (height, width) pair) as a validated ``(height, width)``; ``name`` names it in errors."""
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        pair = (int(size), int(size))
+    else:
+        try:
+            pair = tuple(int(v) for v in size)
+        except TypeError:
+            raise ValueError(f"{name} must be an int or a (height, width) pair, got {size!r}") from None
+    if len(pair) != 2 or min(pair) < 1:
+        raise ValueError(f"{name} must be a positive int or (height, width) pair, got {size!r}")
+    return pair
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """torchvision-style random-resized-crop: output ``size`` (int or (h, w)), area ``scale``, aspect ``ratio``."""
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return _size_pair("RandomResizedCrop.size", self.size)
+
+    def describe(self) -> dict[str, Any]:
+        return {"size": list(self.output_size), "scale": [float(v) for v in self.scale],
+                "ratio": [float(v) for v in self.ratio]}
+
+
+@dataclass(frozen=True)
+class ImageColumns:
+    """A dataset's image and label columns as one image loader serves them.
+
+    ``images``: uint8 ``(rows, H, W, C)`` segments, one per shard, all alike and
+    C-contiguous; ``labels``: int64 ``(rows,)`` segments or None; ``out_hw``: the
+    served height and width; ``center_box``: the fixed ``(top, left, h, w)``
+    crop (int32) of a center crop, else None.
+    """
+
+    images: list[np.ndarray]
+    labels: list[np.ndarray] | None
+    height: int
+    width: int
+    channels: int
+    out_hw: tuple[int, int]
+    center_box: np.ndarray | None
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.shape[0] for s in self.images)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.height, self.width, self.channels)
+
+    def out_shape(self, layout: str) -> tuple[int, int, int]:
+        """One served image's shape in ``layout``."""
+        return (self.channels, *self.out_hw) if layout == "CHW" else (*self.out_hw, self.channels)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What an image loader serves, validated at construction.
+
+    ``mean`` / ``std``: per-channel normalization (see the normalization table in
+    tbl-kernels; unused for ``dtype="uint8"``). ``hflip``: flip probability.
+    ``random_resized_crop`` (a :class:`RandomResizedCrop`) or ``center_crop``
+    (int or (h, w): the centred box of that size, no resize) set the output
+    size, otherwise the stored size. ``dtype``: ``"float32"``, ``"float16"``,
+    ``"bfloat16"`` or ``"uint8"``. ``layout``: ``"CHW"`` or ``"HWC"``.
+    ``image_key`` / ``label_key``: the leaves holding the image and the label.
+    """
+
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    hflip: float = 0.0
+    random_resized_crop: RandomResizedCrop | None = None
+    center_crop: tuple[int, int] | None = None
+    dtype: str = "float32"
+    layout: str = "CHW"
+    image_key: str = "image"
+    label_key: str = "label"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {self.dtype!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        hflip = float(self.hflip)
+        if not 0.0 <= hflip <= 1.0:
+            raise ValueError(f"hflip is a probability in [0, 1], got {hflip}")
+        crop = self.random_resized_crop
+        if crop is not None and self.center_crop is not None:
+            raise ValueError("random_resized_crop and center_crop are exclusive: pass one of them")
+        if crop is not None:
+            if not isinstance(crop, RandomResizedCrop):
+                raise TypeError(f"random_resized_crop must be a RandomResizedCrop, got {type(crop).__name__}")
+            # Size, scale and ratio are checked now, before any batch is made.
+            order.random_resized_crop_boxes(0, 0, np.zeros(1, np.int64), crop.output_size[0], crop.output_size[1],
+                                            crop.scale, crop.ratio)
+        center = None if self.center_crop is None else _size_pair("center_crop", self.center_crop)
+        object.__setattr__(self, "hflip", hflip)
+        object.__setattr__(self, "center_crop", center)
+        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
+        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+
+    @property
+    def normalized(self) -> bool:
+        """True when images are normalized through mean / std (every dtype but uint8)."""
+        return self.dtype != "uint8"
+
+    def stream_settings(self) -> dict[str, Any]:
+        """The image settings that change the sample stream, as fingerprinted by ``state_dict()``."""
+        crop = None
+        if self.random_resized_crop is not None:
+            crop = {"random_resized": self.random_resized_crop.describe()}
+        elif self.center_crop is not None:
+            crop = {"center": list(self.center_crop)}
+        return {"hflip": self.hflip, "crop": crop, "image_key": self.image_key, "label_key": self.label_key}
+
+    def bind(self, dataset: Any) -> ImageColumns:
+        """``dataset``'s columns checked against this spec (ValueError naming the leaf and the rule broken)."""
+        images, labels = _columns(dataset, self.image_key, self.label_key)
+        _, height, width, channels = images[0].shape
+        if self.normalized and (len(self.mean) != channels or len(self.std) != channels):
+            raise ValueError(
+                f"mean and std need one value per channel ({channels}), got {len(self.mean)} and {len(self.std)}"
+            )
+        center_box = None
+        if self.random_resized_crop is not None:
+            out_hw = self.random_resized_crop.output_size
+        elif self.center_crop is not None:
+            out_hw = self.center_crop
+            center_box = order.center_crop_box(height, width, *out_hw)
+        else:
+            out_hw = (height, width)
+        return ImageColumns(images, labels, height, width, channels, out_hw, center_box)
+
+
+def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The validated image segments and the label segments (or None without a ``label_key`` leaf)."""
+    paths = list(getattr(dataset, "leaf_paths", []))
+    if image_key not in paths:
+        raise ValueError(f"dataset has no {image_key!r} leaf (leaves: {paths})")
+    images = [s for s in dataset.segments(image_key) if s.shape[0] > 0]
+    if not images:
+        raise ValueError("dataset has no samples")
+    first = images[0]
+    for k, seg in enumerate(images):
+        if not isinstance(seg, np.ndarray) or seg.dtype != np.uint8 or seg.ndim != 4:
+            raise ValueError(
+                f"leaf {image_key!r} segment {k} must be a uint8 (rows, H, W, C) array, got "
+                f"{getattr(seg, 'dtype', type(seg).__name__)} {getattr(seg, 'shape', '')}"
+            )
+        if seg.shape[1:] != first.shape[1:]:
+            raise ValueError(f"leaf {image_key!r} segment {k} has images {seg.shape[1:]}, segment 0 {first.shape[1:]}")
+        if not seg.flags.c_contiguous:
+            raise ValueError(f"leaf {image_key!r} segment {k} is not C-contiguous")
+    if first.shape[3] not in (1, 3):
+        raise ValueError(f"images must have 1 or 3 channels, got {first.shape[3]}")
+    if label_key not in paths:
+        return images, None
+    raw = [s for s in dataset.segments(label_key) if s.shape[0] > 0]
+    if [s.shape[0] for s in raw] != [s.shape[0] for s in images]:
+        raise ValueError(f"leaf {label_key!r} rows per shard differ from {image_key!r}")
+    labels = []
+    for k, seg in enumerate(raw):
+        if not isinstance(seg, np.ndarray) or seg.dtype != np.int64 or seg.ndim != 1 or not seg.flags.c_contiguous:
+            raise ValueError(
+                f"leaf {label_key!r} segment {k} must be a contiguous int64 (rows,) array, got "
+                f"{getattr(seg, 'dtype', type(seg).__name__)} {getattr(seg, 'shape', '')}"
+            )
+        labels.append(seg)
+    return images, labels
