@@ -9,7 +9,7 @@ from .decode import PillowConfigError, UnsupportedImageModeError
 from .image_loader import Batch, ImageLoader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
 from .order import BatchPlan, EpochOrder
-from .output import OUTPUT_DTYPES, OutputSpec
+from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostPipeline, LoaderClosedError
 from .pytree import VAR_MODES, Padded, PyTreeDataset, PyTreeLoader, collate_identity, write, write_parallel
 from .ring import RingGrowthWarning
@@ -23,6 +23,7 @@ __all__ = [
     "BatchSource",
     "ConvertReport",
     "EpochOrder",
+    "HostArray",
     "HostPipeline",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -49,6 +50,7 @@ __all__ = [
     "VAR_MODES",
     "WorkerCrashError",
     "__version__",
+    "allocate_host",
     "collate_identity",
     "convert",
     "merge_parts",
