@@ -1,10 +1,12 @@
 import bisect
+import copy
+import pickle
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from tbl_kernels import normalization_table
+from tbl_kernels import NormalizationTable, normalization_table
 from tbl_kernels.tables import float64_to_bfloat16_bits
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -125,3 +127,20 @@ def test_bfloat16_special_values():
 def test_table_rejects_bad_arguments(mean, std, dtype):
     with pytest.raises(ValueError):
         normalization_table(mean, std, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_table_carries_its_affine_hint(dtype):
+    t = normalization_table(MEAN, STD, dtype)
+    assert type(t) is NormalizationTable and isinstance(t, np.ndarray)
+    mean, std = np.array(MEAN), np.array(STD)
+    assert t.affine_hint == tuple(1.0 / (255.0 * std)) + tuple(-mean / std)
+    plain = np.asarray(t)  # the numbers are the table's whatever the class
+    assert type(plain) is np.ndarray and np.array_equal(plain, t) and plain.dtype == t.dtype
+    # Copies (and pickles) keep the hint; arrays of another shape or dtype do not.
+    for same in (t.copy(), copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
+        assert type(same) is NormalizationTable and np.array_equal(same, t)
+        assert same.affine_hint == t.affine_hint
+    for other in (t[:1], t[:, :128], t.view(np.int16 if dtype != "float32" else np.int32)[:, ::2]):
+        assert other.affine_hint is None
+    assert t.astype(np.float64).affine_hint is None

@@ -85,8 +85,9 @@ Sources make_sources(const std::vector<InArray>& sources, size_t ndim, const cha
             S.sample_bytes = 1;
             for (int64_t v : shape) S.sample_bytes *= v;
         } else if (shape != S.sample_shape) {
-            throw ValueError("sources[" + std::to_string(k) + "] has shape " + shape_of(a) + " but sources[0] has shape " +
-                             shape_of(sources[0]) + ": every source must have the same per-sample shape");
+            throw ValueError("sources[" + std::to_string(k) + "] has shape " + shape_of(a) +
+                             " but sources[0] has shape " + shape_of(sources[0]) +
+                             ": every source must have the same per-sample shape");
         }
         const auto* data = static_cast<const uint8_t*>(a.data);
         S.base.push_back(data);

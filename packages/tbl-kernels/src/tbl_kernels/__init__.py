@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from .tables import affine_hint, normalization_table
+from .tables import NormalizationTable, normalization_table
 
 __version__ = "0.1.0"
 KERNELS_ABI = 2  # bumped on any binding change; the compiled module must agree
 
 __all__ = [
     "KERNELS_ABI",
+    "NormalizationTable",
     "__version__",
     "gather_columns",
     "gather_crop_resize",
@@ -141,6 +142,10 @@ def _layout(layout: str | None, out: Any, channels: int | None) -> str:
     return "HWC" if hwc else "CHW"
 
 
+def _affine_hint(table: Any) -> tuple[float, ...] | None:
+    return table.affine_hint if isinstance(table, NormalizationTable) else None
+
+
 def _channels(sources: list[Any]) -> int | None:
     return int(sources[0].shape[-1]) if sources and len(sources[0].shape) == 4 else None
 
@@ -171,7 +176,7 @@ def gather_normalize(
         _check_out(out)
 
     layout = _layout(layout, out, _channels(sources))
-    _call(_core.gather_normalize, (sources, indices, out, table, flip, layout, affine_hint(table)), explain)
+    _call(_core.gather_normalize, (sources, indices, out, table, flip, layout, _affine_hint(table)), explain)
 
 
 def gather_u8(
@@ -222,7 +227,8 @@ def gather_crop_resize(
         _check_out(out)
 
     layout = _layout(layout, out, _channels(sources))
-    _call(_core.gather_crop_resize, (sources, indices, boxes, out, table, flip, layout, affine_hint(table)), explain)
+    args = (sources, indices, boxes, out, table, flip, layout, _affine_hint(table))
+    _call(_core.gather_crop_resize, args, explain)
 
 
 def gather_rows(sources: Sequence[Any], indices: Any, out: Any) -> None:

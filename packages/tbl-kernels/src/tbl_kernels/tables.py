@@ -7,10 +7,11 @@ evaluated in float64 and rounded once to the output type with round-to-nearest-e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["TABLE_DTYPES", "affine_hint", "float64_to_bfloat16_bits", "normalization_table"]
+__all__ = ["TABLE_DTYPES", "NormalizationTable", "float64_to_bfloat16_bits", "normalization_table"]
 
 # Output dtype name -> dtype of the table (bfloat16 is stored as its uint16 bit pattern).
 TABLE_DTYPES = {
@@ -71,38 +72,48 @@ def float64_to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-# Tables made by normalization_table -> float64 [a_0..a_C-1, b_0..b_C-1] with
-# v * a + b ~= (v / 255 - mean) / std. The AVX2 kernels may compute outputs this
-# way (float64 for float32 outputs, float32 for 16-bit ones) instead of looking
-# them up, but only after checking that it reproduces every entry of the table
-# exactly, so a stale or wrong hint can only cost speed.
-_AFFINE_HINTS: dict[tuple[str, bytes], list[float]] = {}
-_AFFINE_HINTS_MAX = 64
+class NormalizationTable(np.ndarray):
+    """The ``(C, 256)`` array returned by ``normalization_table``, carrying its affine hint.
+
+    It is a numpy array in every respect; ``affine_hint`` adds the float64
+    ``(a_0..a_C-1, b_0..b_C-1)`` with ``v * a[c] + b[c] ~= (v / 255 - mean[c]) / std[c]``
+    (``a = 1 / (255 std)``, ``b = -mean / std``). The AVX2 kernels may compute outputs
+    this way (float64 for float32 outputs, float32 for 16-bit ones) instead of looking
+    them up, but only after checking that it reproduces every entry of the table
+    exactly, so a hint that no longer fits (a table changed in place) costs speed,
+    never correctness. Copies keep the hint; any other array derived from a table
+    (another shape or dtype) has ``affine_hint`` None.
+    """
+
+    affine_hint: tuple[float, ...] | None
+
+    def __array_finalize__(self, obj: object) -> None:
+        if isinstance(obj, NormalizationTable) and obj.shape == self.shape and obj.dtype == self.dtype:
+            self.affine_hint = obj.affine_hint
+        else:
+            self.affine_hint = None
+
+    # Pickling keeps the hint (numpy's own state has no room for it).
+    def __reduce__(self) -> tuple[Any, ...]:
+        rebuild, args, state = super().__reduce__()
+        return rebuild, args, (state, self.affine_hint)
+
+    def __setstate__(self, state: tuple[Any, Any]) -> None:
+        array_state, self.affine_hint = state
+        super().__setstate__(array_state)
 
 
-def affine_hint(table: object) -> list[float] | None:
-    """The ``[a_0..a_C-1, b_0..b_C-1]`` registered for this table by normalization_table, if any."""
-    if not isinstance(table, np.ndarray) or table.dtype not in TABLE_DTYPES.values():
-        return None
-    return _AFFINE_HINTS.get((table.dtype.str, table.tobytes()))
-
-
-def _register_hint(table: np.ndarray, mean64: np.ndarray, std64: np.ndarray) -> None:
-    a = 1.0 / (255.0 * std64)
-    b = -mean64 / std64
-    if len(_AFFINE_HINTS) >= _AFFINE_HINTS_MAX:
-        _AFFINE_HINTS.pop(next(iter(_AFFINE_HINTS)))
-    _AFFINE_HINTS[(table.dtype.str, table.tobytes())] = [float(x) for x in a] + [float(x) for x in b]
-
-
-def normalization_table(mean: Sequence[float], std: Sequence[float], dtype: str = "float32") -> np.ndarray:
+def normalization_table(
+    mean: Sequence[float], std: Sequence[float], dtype: str = "float32"
+) -> NormalizationTable:
     """Return the ``(C, 256)`` table mapping byte ``v`` of channel ``c`` to its normalized value.
 
     ``value = (v / 255 - mean[c]) / std[c]`` computed in float64 and rounded once to
     ``dtype``: ``"float32"``, ``"float16"`` (round-to-nearest-even, direct from
     float64) or ``"bfloat16"`` (returned as ``uint16`` bit patterns, rounded directly
     from float64, never through float32). ``mean`` and ``std`` are in the 0..1 scale,
-    one entry per channel (C is 1 or 3 for the image kernels).
+    one entry per channel (C is 1 or 3 for the image kernels). The table carries
+    the affine hint the kernels may use for it (see ``NormalizationTable``).
     """
     if dtype not in TABLE_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(TABLE_DTYPES)}, got {dtype!r}")
@@ -122,5 +133,6 @@ def normalization_table(mean: Sequence[float], std: Sequence[float], dtype: str 
         table = exact.astype(np.float16)  # numpy casts float64 -> float16 with one rounding
     else:
         table = float64_to_bfloat16_bits(exact)
-    _register_hint(table, mean64, std64)
-    return table
+    result = table.view(NormalizationTable)
+    result.affine_hint = tuple(float(x) for x in np.concatenate([1.0 / (255.0 * std64), -mean64 / std64]))
+    return result
