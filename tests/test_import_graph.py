@@ -8,7 +8,6 @@ both ways and makes import order matter; the graph is built from the sources
 from __future__ import annotations
 
 import pytest
-
 from import_rules import IMPORT_NAME, cycles, import_graph, package_dir
 
 

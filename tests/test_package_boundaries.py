@@ -20,7 +20,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from import_rules import IMPORT_NAME, PACKAGES, ROOT, module_files, package_dir, sibling_violations
 
 ALLOWED_DEPS = {

@@ -16,7 +16,6 @@ from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .version import __version__
 
-
 __all__ = [
     "Batch",
     "BatchPlan",
