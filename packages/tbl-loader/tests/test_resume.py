@@ -192,6 +192,8 @@ def test_settings_that_do_not_change_the_stream_are_free(dataset_path):
         (lambda s: {k: v for k, v in s.items() if k != "epoch"}, "missing"),
         (lambda s: {**s, "consumed": -1}, "consumed"),
         (lambda s: {**s, "consumed": N_IMAGES + 1}, "consumed"),
+        (lambda s: {**s, "epoch": 2**70}, "epoch"),
+        (lambda s: {**s, "seed": 2**64}, "seed"),
     ],
 )
 def test_malformed_states_raise(dataset_path, mutate, match):

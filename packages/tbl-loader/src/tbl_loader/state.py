@@ -88,8 +88,9 @@ class StreamState:
             raise StateMismatchError(f"state is missing {missing}")
         for key in ("seed", "epoch", "consumed"):
             value = state[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise StateMismatchError(f"state[{key!r}] must be a non-negative int, got {value!r}")
+            # The generator keys on uint64 seeds and epochs; nothing larger can have been saved.
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+                raise StateMismatchError(f"state[{key!r}] must be an int in [0, 2**64), got {value!r}")
         return cls(state["seed"], state["epoch"], state["consumed"], str(state["dataset"]), str(state["settings"]))
 
     def check_compatible(self, other: StreamState, *, accepted_datasets: tuple[str, ...] = ()) -> None:
