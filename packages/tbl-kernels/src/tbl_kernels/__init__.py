@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _core, reference
 from .tables import NormalizationTable, normalization_table
 
 __version__ = "0.1.0"
@@ -31,6 +31,7 @@ __all__ = [
     "gather_u8",
     "get_num_threads",
     "normalization_table",
+    "reference",
     "set_num_threads",
     "set_simd",
     "simd_level",
