@@ -3,35 +3,51 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
-from tbl_bench.harness import SkipConfig
+import tbl_bench
+from tbl_bench.config import SkipConfig
 
-# Incremented at every factory call: a fresh interpreter per configuration always sees 1.
+# Incremented at every factory call: a fresh interpreter per round always sees 1.
 CALLS = 0
 
 
 class _Counter:
-    def __init__(self, items: int, alloc_mb: int):
+    def __init__(self, items: int, alloc_mb: int, sleep_s: float):
         self.items_per_epoch = items
         self.buf = np.ones(alloc_mb << 20, dtype=np.uint8) if alloc_mb else None
-        self.info = {"pid": os.getpid(), "calls": CALLS}
-        self.epochs_seen = []
+        self.sleep_s = sleep_s
+        self.info = {"pid": os.getpid(), "calls": CALLS, "events": [], "tbl_bench_file": tbl_bench.__file__,
+                     "peer_marker": os.environ.get("TBL_BENCH_TEST_PEER")}
+
+    def prepare_epoch(self, epoch: int) -> None:
+        self.info["events"].append(f"prepare {epoch}")
 
     def run_epoch(self, epoch: int) -> int:
-        self.epochs_seen.append(epoch)
-        self.info["epochs_seen"] = list(self.epochs_seen)
+        self.info["events"].append(f"run {epoch}")
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         return self.items_per_epoch
 
     def close(self) -> None:
         self.buf = None
 
 
-def counter(items: int = 10, alloc_mb: int = 0):
+def counter(items: int = 10, alloc_mb: int = 0, sleep_s: float = 0.0):
     global CALLS
     CALLS += 1
-    return _Counter(items, alloc_mb)
+    return _Counter(items, alloc_mb, sleep_s)
+
+
+class _Miscounting(_Counter):
+    def run_epoch(self, epoch: int) -> int:
+        return self.items_per_epoch + 1
+
+
+def miscounting():
+    return _Miscounting(10, 0, 0.0)
 
 
 def failing(message: str = "boom"):
@@ -40,3 +56,8 @@ def failing(message: str = "boom"):
 
 def skipping(reason: str = "not here"):
     raise SkipConfig(reason)
+
+
+def echo(**kwargs):
+    """For `call_in`: returns its arguments and the interpreter's pid."""
+    return {"kwargs": kwargs, "pid": os.getpid()}

@@ -1,18 +1,22 @@
 import os
+import stat
+import sys
 from pathlib import Path
 
 import pytest
 
-from tbl_bench.harness import RESULT_KEYS, Config
-from tbl_bench.runner import parse_json_output, run_config, run_configs
+from tbl_bench.config import Config
+from tbl_bench.results import RESULT_KEYS, config_result
+from tbl_bench.runner import call_in, run_config, run_round
+
+HERE = Path(__file__).parent
 
 
 @pytest.fixture
 def child_env():
     """Environment for child interpreters that can import the test workloads (bench_workloads.py)."""
     env = dict(os.environ)
-    here = str(Path(__file__).parent)
-    env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
@@ -21,37 +25,54 @@ def _cfg(name, target, params=None, **kw):
     return Config("t", name, "test", target, params or {}, **kw)
 
 
-def test_each_configuration_runs_in_its_own_interpreter(child_env):
-    a = run_config(_cfg("a", "bench_workloads:counter", warmup=2, epochs=3), env=child_env)
-    b = run_config(_cfg("b", "bench_workloads:counter"), env=child_env)
-    for r in (a, b):
-        assert r["status"] == "ok", r["reason"]
-        assert r["info"]["calls"] == 1  # a fresh interpreter: module state never carries over
-        assert r["info"]["pid"] != os.getpid()
-    assert a["info"]["pid"] != b["info"]["pid"]
-    assert a["info"]["epochs_seen"] == [0, 1, 2, 3, 4]  # two warm-up epochs, then three timed
-    assert len(a["epochs_s"]) == 3
+def test_each_round_runs_in_its_own_interpreter(child_env):
+    r = run_config(_cfg("a", "bench_workloads:counter", warmup=2, epochs=3), rounds=2, env=child_env)
+    assert r["status"] == "ok", r["reason"]
+    assert len(r["rounds"]) == 2
+    pids = {rec["info"]["pid"] for rec in r["rounds"]}
+    assert len(pids) == 2 and os.getpid() not in pids
+    for rec in r["rounds"]:
+        assert rec["info"]["calls"] == 1  # a fresh interpreter: module state never carries over
+        assert len(rec["warmup_s"]) == 2 and len(rec["epochs_s"]) == 3 == len(rec["cpu_s"])
+        assert rec["python"] == sys.executable
+    # Two warm-up epochs, then three timed; each prepared (untimed) right before it runs.
+    assert r["info"]["events"] == [f"{what} {e}" for e in range(5) for what in ("prepare", "run")]
+
+
+def test_timing_continues_until_min_time_is_covered(child_env):
+    r = run_config(_cfg("a", "bench_workloads:counter", {"sleep_s": 0.01}, warmup=0, epochs=2, min_time_s=0.1,
+                        max_epochs=50), env=child_env)
+    epochs = r["rounds"][0]["epochs_s"]
+    assert 2 <= len(epochs) <= 50
+    assert sum(epochs) >= 0.1 or len(epochs) == 50
+    capped = run_config(_cfg("b", "bench_workloads:counter", {"sleep_s": 0.01}, warmup=0, epochs=1,
+                             min_time_s=100.0, max_epochs=3), env=child_env)
+    assert len(capped["rounds"][0]["epochs_s"]) == 3
 
 
 def test_result_schema(child_env):
     r = run_config(_cfg("a", "bench_workloads:counter", {"items": 7, "alloc_mb": 32}, epochs=2), env=child_env)
     assert set(r) == set(RESULT_KEYS)
-    assert r["status"] == "ok" and r["kind"] == "workload"
-    assert r["items_per_epoch"] == 7
+    assert r["status"] == "ok" and r["reason"] is None and r["items_per_epoch"] == 7
     assert r["min_s"] <= r["median_s"] <= r["max_s"]
     assert r["throughput"] == pytest.approx(7 / r["median_s"])
     assert r["rss"]["growth_anon_kb"] >= 24 << 10  # the 32 MiB the workload allocated
     assert r["params"] == {"items": 7, "alloc_mb": 32}
+    quiet = run_config(_cfg("q", "bench_workloads:counter", rss=False), env=child_env)
+    assert quiet["status"] == "ok" and quiet["rss"] is None
 
 
 def test_failures_and_skips_are_results(child_env):
     bad = run_config(_cfg("bad", "bench_workloads:failing", {"message": "kaput-123"}), env=child_env)
     assert bad["status"] == "failed" and "kaput-123" in bad["reason"]
     assert set(bad) == set(RESULT_KEYS)
-    skip = run_config(_cfg("skip", "bench_workloads:skipping", {"reason": "no gpu here"}), env=child_env)
+    skip = run_config(_cfg("skip", "bench_workloads:skipping", {"reason": "no gpu here"}), rounds=3, env=child_env)
     assert skip["status"] == "skipped" and skip["reason"] == "no gpu here"
+    assert len(skip["rounds"]) == 1  # what cannot run here is not tried again
     pre = run_config(_cfg("pre", "bench_workloads:counter", skip="input missing"), env=child_env)
     assert pre["status"] == "skipped" and pre["reason"] == "input missing"
+    miscount = run_config(_cfg("m", "bench_workloads:miscounting"), env=child_env)
+    assert miscount["status"] == "failed" and "processed 11 items, expected 10" in miscount["reason"]
 
 
 def test_timeout_is_a_failure(child_env):
@@ -59,11 +80,58 @@ def test_timeout_is_a_failure(child_env):
     assert r["status"] == "failed" and "timed out" in r["reason"]
 
 
-def test_run_configs_reports_each_result(child_env, monkeypatch):
+def test_config_env_reaches_the_child(child_env):
+    r = run_round(_cfg("e", "bench_workloads:counter", env={"TBL_BENCH_TEST_PEER": "from-config"}), env=child_env)
+    assert r["info"]["peer_marker"] == "from-config"
+
+
+def test_peer_configurations_run_under_the_peer_interpreter(child_env, tmp_path):
+    # A "peer interpreter" that is this one behind a wrapper which marks its children.
+    peer = tmp_path / "peer-python"
+    peer.write_text(f'#!/bin/sh\nTBL_BENCH_TEST_PEER=yes exec "{sys.executable}" "$@"\n')
+    peer.chmod(peer.stat().st_mode | stat.S_IXUSR)
+    mine = run_round(_cfg("mine", "bench_workloads:counter"), peer_python=str(peer), env=child_env)
+    theirs = run_round(_cfg("theirs", "bench_workloads:counter", peer=True), peer_python=str(peer), env=child_env)
+    assert mine["info"]["peer_marker"] is None and mine["python"] == sys.executable
+    assert theirs["info"]["peer_marker"] == "yes" and theirs["python"] == str(peer)
+    # The peer sees tbl_bench through a directory holding only a link to the package.
+    # (the directory is removed once the round has run).
+    seen = Path(theirs["info"]["tbl_bench_file"])
+    assert seen.parts[-3:] == ("path", "tbl_bench", "__init__.py") and seen != Path(mine["info"]["tbl_bench_file"])
+    missing = run_round(_cfg("x", "bench_workloads:counter", peer=True), peer_python=str(tmp_path / "nope"))
+    assert missing["status"] == "failed" and "does not exist" in missing["reason"]
+
+
+def test_call_in(child_env, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", child_env["PYTHONPATH"])
-    seen = []
-    out = run_configs([_cfg("a", "bench_workloads:counter"), _cfg("b", "bench_workloads:skipping")], on_result=seen.append)
-    assert [r["status"] for r in out] == ["ok", "skipped"] and seen == out
+    out = call_in(sys.executable, "bench_workloads:echo", {"a": 1, "b": [2, 3]})
+    assert out["kwargs"] == {"a": 1, "b": [2, 3]} and out["pid"] != os.getpid()
+    with pytest.raises(RuntimeError, match="kaput-456"):
+        call_in(sys.executable, "bench_workloads:failing", {"message": "kaput-456"})
+
+
+def _round(epochs, cpu=None, rss=None, info=None):
+    return {"status": "ok", "reason": None, "items_per_epoch": 10, "setup_s": 0.5, "warmup_s": [1.0],
+            "epochs_s": epochs, "cpu_s": cpu or epochs, "rss": rss, "info": info or {}}
+
+
+def test_config_result_aggregates_rounds():
+    cfg = _cfg("a", "m:f")
+    rounds = [_round([1.0, 2.0, 9.0], rss={"peak_anon_kb": 5, "tree_peak_anon_kb": 9}),
+              _round([4.0, 4.0, 4.0], rss={"peak_anon_kb": 7, "tree_peak_anon_kb": 8}, info={"last": True}),
+              _round([0.5, 3.0, 3.0]),
+              {"status": "failed", "reason": "child exited with status 1: MemoryError"}]
+    r = config_result(cfg, rounds)
+    assert r["status"] == "ok"
+    assert r["median_s"] == 3.0  # median of the round medians 2, 4 and 3
+    assert (r["min_s"], r["max_s"]) == (0.5, 9.0)
+    assert r["throughput"] == pytest.approx(10 / 3.0)
+    assert r["rss"] == {"peak_anon_kb": 7, "tree_peak_anon_kb": 9}
+    assert r["info"] == {}  # the last ok round's
+    assert r["reason"].startswith("1 of 4 rounds failed") and "MemoryError" in r["reason"]
+    assert config_result(cfg, rounds[3:])["status"] == "failed"
+    with pytest.raises(RuntimeError, match="different items"):
+        config_result(cfg, [_round([1.0]), dict(_round([1.0]), items_per_epoch=11)])
 
 
 def test_config_validation():
@@ -73,17 +141,5 @@ def test_config_validation():
         _cfg("x", "nofunction")
     with pytest.raises(ValueError, match="epochs"):
         _cfg("x", "m:f", epochs=0)
-
-
-def test_parse_json_output():
-    assert parse_json_output('{"a": 1}') == {"a": 1}
-    assert parse_json_output('progress...\n[1, 2]\n') == [1, 2]
-    with pytest.raises(ValueError):
-        parse_json_output("no json")
-
-
-def test_script_results_are_kept_whole(child_env, tmp_path):
-    (tmp_path / "emit_json.py").write_text('import json; print("warming up"); print(json.dumps({"results": [{"op": "x", "gbps": 1.5}]}))\n')
-    env = dict(child_env, PYTHONPATH=f"{tmp_path}{os.pathsep}{child_env['PYTHONPATH']}")
-    r = run_config(_cfg("emit", "emit_json:", kind="script"), env=env)
-    assert r["status"] == "ok" and r["info"]["script"] == {"results": [{"op": "x", "gbps": 1.5}]}
+    with pytest.raises(ValueError, match="max_epochs"):
+        _cfg("x", "m:f", epochs=5, max_epochs=2)

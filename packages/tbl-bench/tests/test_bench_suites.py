@@ -1,8 +1,9 @@
 import pytest
 
+from tbl_bench.config import Config
 from tbl_bench.context import BenchContext, DataUnavailable, Sizes
-from tbl_bench.harness import Config
-from tbl_bench.suites import SUITES, load_suite
+from tbl_bench.suites import SUITES, load_suite, suite_rounds
+from tbl_bench.suites import kernels as kernels_suite
 
 
 @pytest.mark.parametrize("name", list(SUITES))
@@ -10,8 +11,10 @@ def test_every_suite_has_the_suite_attributes(name):
     suite = load_suite(name)
     assert suite.NAME == name
     assert isinstance(suite.TITLE, str) and suite.TITLE
+    assert isinstance(suite.UNIT, str) and suite.UNIT.endswith("/s")
     assert isinstance(suite.COMPARE_ON, tuple)
     assert callable(suite.configurations)
+    assert suite_rounds(suite, quick=True) == 1 and suite_rounds(suite, quick=False) >= 1
 
 
 def test_unknown_suite():
@@ -20,10 +23,13 @@ def test_unknown_suite():
 
 
 class _Ctx(BenchContext):
-    """A context whose inputs are never built: TBL data is unavailable, the TAR is a name only."""
+    """A context whose inputs are never built: TBL and peer data are unavailable, the rest are names only."""
 
-    def image_tar(self):
-        return self.data_dir / "photos.tar"
+    def artifact(self, name, key, build):
+        return self.data_dir / name
+
+    def peer_artifact(self, name, key, target, kwargs):
+        raise DataUnavailable(f"{target}: peer test")
 
     def tbl_images(self, size=None, mode="squash"):
         raise DataUnavailable("tbl_loader.convert is not importable: test")
@@ -31,33 +37,76 @@ class _Ctx(BenchContext):
     def tbl_rows(self, kind):
         raise DataUnavailable("tbl_format.write is not available: test")
 
-    def pickled_rows(self, kind):
-        return self.data_dir / f"{kind}.pkl"
 
-
-@pytest.fixture
-def ctx(tmp_path):
+def _ctx(tmp_path, **kw):
     return _Ctx(tmp_path, sizes=Sizes(images=10, classes=2, image_size=32, batch_size=4, scalar_rows=10,
-                                      array_rows=10, warmup=1, epochs=2))
+                                      array_rows=10, warmup=1, epochs=2), **kw)
 
 
-@pytest.mark.parametrize("name", ["images", "convert", "pytree", "torch", "resident", "train"])
-def test_configurations_skip_with_the_reason_when_inputs_are_missing(ctx, name, monkeypatch):
+@pytest.fixture(autouse=True)
+def _no_device_probe(monkeypatch):
     import tbl_bench.suites.resident
 
     monkeypatch.setattr(tbl_bench.suites.resident, "pick_device", lambda: "cpu")  # no torch import here
-    configs = load_suite(name).configurations(ctx)
+
+
+@pytest.mark.parametrize("peers", [False, True])
+@pytest.mark.parametrize("name", list(SUITES))
+def test_configurations_are_unique_configs_and_skip_with_the_reason(tmp_path, name, peers):
+    configs = load_suite(name).configurations(_ctx(tmp_path, peers=peers))
     assert configs and all(isinstance(c, Config) and c.suite == name for c in configs)
     assert len({c.name for c in configs}) == len(configs)
-    tbl = [c for c in configs if c.tool == "tbl" and c.target != "tbl_bench.suites.convert:tbl_convert"]
+    tbl = [c for c in configs if c.tool == "tbl" and c.params.get("path") == ""]
     assert all("test" in c.skip for c in tbl)
-    # The references that do not need TBL's data still run.
-    assert name in ("resident", "convert") or any(c.skip is None for c in configs)
+    assert all("peer test" in c.skip for c in configs if c.peer and c.skip)
+    if not peers:
+        assert not any(c.peer for c in configs)
+    assert any(c.skip is None for c in configs) or name == "resident"
 
 
-def test_images_suite_compares_like_with_like(ctx):
-    configs = load_suite("images").configurations(ctx)
+@pytest.mark.parametrize("name", ["convert", "images", "train", "kernels", "format_read", "pytree_read",
+                                  "pytree_dataloader"])
+def test_suites_with_peers_mark_them(tmp_path, name):
+    configs = load_suite(name).configurations(_ctx(tmp_path, peers=True))
+    peer_tools = {c.tool for c in configs if c.peer}
+    assert peer_tools and peer_tools <= {"turboloader", "litdata", "ffcv"}
+    assert not any(c.peer for c in configs if c.tool in ("tbl", "tbl_format", "pil", "list"))
+
+
+def test_images_suite_compares_like_with_like(tmp_path):
+    configs = load_suite("images").configurations(_ctx(tmp_path))
     for c in configs:
         if c.role != "floor":
             assert {"level", "aug"} <= set(c.params)
     assert {c.role for c in configs} == {"subject", "baseline", "floor"}
+
+
+def test_kernels_configurations(tmp_path):
+    full = {c.name: c for c in kernels_suite.configurations(_ctx(tmp_path, peers=True))}
+    quick = {c.name: c for c in kernels_suite.configurations(_ctx(tmp_path, quick=True))}
+    assert "tbl-160-bfloat16-2t" in full and "turboloader-crop-256to224-float32" in full
+    assert "tbl-160-float32-1t" not in quick and not any(n.startswith("turboloader") for n in quick)
+    c = full["tbl-224-float16-2t"]
+    assert (c.warmup, c.epochs, c.min_time_s, c.max_epochs) == (3, 20, 1.0, 2000)
+    assert c.env == {"OMP_NUM_THREADS": "2"} and not c.rss and c.params["inputs"] == 23
+    assert full["copy-224"].role == "floor" and full["turboloader-224-float32"].peer
+    assert (quick["tbl-224-float32-2t"].warmup, quick["tbl-224-float32-2t"].epochs) == (2, 5)
+    assert kernels_suite.ROUNDS == 3
+
+
+def _ok(throughput, bytes_per_batch=None):
+    return {"throughput": throughput, "median_s": 256 / throughput, "info": {"bytes_per_batch": bytes_per_batch}}
+
+
+def test_kernels_ratios():
+    results = {"copy-224": _ok(1000.0, 100), "tbl-224-float32-2t": _ok(1500.0, 100),
+               "tbl-224-float32-1t": _ok(1000.0, 100), "tbl-224-float16-2t": _ok(3000.0, 60),
+               "turboloader-224-float16": _ok(1000.0, 60),
+               "tbl-crop-256to224-float32-1t": _ok(100.0), "tbl-crop-256to224-float32-2t": _ok(150.0)}
+    r = kernels_suite.ratios(results)
+    assert r["224: float32 2t bytes/s vs copy"] == pytest.approx(1.5)
+    assert r["224: float16 vs float32 images/s (2t)"] == pytest.approx(2.0)
+    assert r["224: float16 tbl 2t vs turboloader"] == pytest.approx(3.0)
+    assert r["224: float32 2t vs 1t"] == pytest.approx(1.5)
+    assert r["crop float32 2t vs 1t"] == pytest.approx(1.5)
+    assert not any(k.startswith("160") for k in r)

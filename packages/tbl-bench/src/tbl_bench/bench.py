@@ -1,101 +1,77 @@
-"""A whole benchmark run: prepare inputs, run every configuration of the chosen suites, save JSON.
+"""A whole benchmark run: prepare inputs, run every round of every configuration of the chosen suites, save JSON.
 
-The results document (schema "tbl-bench/1") holds the machine fingerprint, the
-options and sizes, and per suite its title, unit, comparison keys and the
-result of every configuration. It is rewritten after every configuration, so
-an interrupted run keeps what it measured.
+Rounds run round-robin within a suite (round 1 of every configuration, then
+round 2 of every configuration, ...): on a shared machine a burst of someone
+else's load then lands on one round of many configurations instead of on every
+round of one, and ratios compare like with like.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tbl_bench.config import Config
 from tbl_bench.context import BenchContext
-from tbl_bench.fingerprint import load_average, machine_fingerprint
-from tbl_bench.harness import Config
-from tbl_bench.runner import run_config
-from tbl_bench.suites import SUITES, load_suite
+from tbl_bench.results import config_result, finish_document, new_document, save_results
+from tbl_bench.runner import run_round
+from tbl_bench.suites import SUITES, load_suite, suite_rounds
 
-__all__ = ["SCHEMA", "finish_document", "load_results", "new_document", "run_bench", "save_results"]
-
-SCHEMA = "tbl-bench/1"
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def save_results(doc: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
-
-
-def load_results(path: str | Path) -> dict[str, Any]:
-    """Read a results document, checking its schema tag."""
-    doc = json.loads(Path(path).read_text())
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path} is not a tbl-bench results file (expected schema {SCHEMA!r})")
-    return doc
-
-
-def new_document(ctx: BenchContext, suites: list[str]) -> dict[str, Any]:
-    """An empty results document: machine fingerprint (measured now), options and sizes."""
-    return {
-        "schema": SCHEMA,
-        "started": _now(),
-        "finished": None,
-        "machine": machine_fingerprint(),
-        "options": {"suites": suites, "quick": ctx.quick, "peers": ctx.peers,
-                    "data_dir": str(ctx.data_dir), "seed": ctx.seed},
-        "sizes": asdict(ctx.sizes),
-        "suites": {},
-    }
-
-
-def finish_document(doc: dict[str, Any], path: Path) -> None:
-    doc["finished"] = _now()
-    doc["machine"]["loadavg_end"] = load_average()
-    save_results(doc, path)
+__all__ = ["run_bench"]
 
 
 def run_bench(
     suites: Sequence[str],
     ctx: BenchContext,
-    results_path: Path,
+    results_path: str | Path,
     *,
+    rounds: int | None = None,
     only: Sequence[str] = (),
-    on_config: Callable[[Config], None] | None = None,
+    on_config: Callable[[Config, int], None] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run `suites` (names from SUITES) and return the results document (also saved at `results_path`).
 
+    `rounds`: rounds of every configuration (default: each suite's own, 1 in a quick run).
     `only`: shell patterns; when given, only configurations whose name matches one of them run.
+    `on_config(config, round)` is called before each round, `on_result(result)` after it.
     """
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise KeyError(f"unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
-    doc = new_document(ctx, list(suites))
-    results_path.parent.mkdir(parents=True, exist_ok=True)
+    if rounds is not None and rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    options = {"suites": list(suites), "quick": ctx.quick, "peers": ctx.peers, "peer_python": ctx.peer_python,
+               "rounds": rounds, "only": list(only), "data_dir": str(ctx.data_dir), "seed": ctx.seed}
+    doc = new_document(options, asdict(ctx.sizes))
     for name in suites:
         suite = load_suite(name)
-        entry = {"title": suite.TITLE, "unit": suite.UNIT, "compare_on": list(suite.COMPARE_ON), "results": []}
+        n_rounds = rounds if rounds is not None else suite_rounds(suite, ctx.quick)
+        configs = [c for c in suite.configurations(ctx)
+                   if not only or any(fnmatch.fnmatchcase(c.name, pat) for pat in only)]
+        names = [c.name for c in configs]
+        if len(set(names)) != len(names):
+            raise RuntimeError(f"suite {name}: configuration names are not unique: {names}")
+        entry = {"title": suite.TITLE, "unit": suite.UNIT, "compare_on": list(suite.COMPARE_ON),
+                 "rounds": n_rounds, "ratios": {}, "results": []}
         doc["suites"][name] = entry
-        for config in suite.configurations(ctx):
-            if only and not any(fnmatch.fnmatchcase(config.name, pat) for pat in only):
-                continue
-            if on_config is not None:
-                on_config(config)
-            result = run_config(config)
-            entry["results"].append(result)
-            save_results(doc, results_path)
-            if on_result is not None:
-                on_result(result)
+        records: dict[str, list[dict[str, Any]]] = {c.name: [] for c in configs}
+        for k in range(n_rounds):
+            for config in configs:
+                if records[config.name] and records[config.name][-1]["status"] == "skipped":
+                    continue  # what cannot run here in round 1 cannot in round 2
+                if on_config is not None:
+                    on_config(config, k)
+                records[config.name].append(run_round(config, peer_python=ctx.peer_python))
+                entry["results"] = [config_result(c, records[c.name]) for c in configs if records[c.name]]
+                save_results(doc, results_path)
+                if on_result is not None:
+                    on_result(config_result(config, records[config.name]))
+        named = getattr(suite, "ratios", None)
+        if named is not None:
+            entry["ratios"] = named({r["name"]: r for r in entry["results"] if r["status"] == "ok"})
     finish_document(doc, results_path)
     return doc

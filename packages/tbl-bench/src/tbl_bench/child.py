@@ -1,8 +1,14 @@
-"""Subprocess entry point: `python -m tbl_bench.child CONFIG.json RESULT.json`.
+"""Subprocess entry point; the parent side is `tbl_bench.runner`.
 
-Runs exactly one configuration in a fresh interpreter (thread pools, allocators
-and page-cache state of other configurations cannot leak into it) and writes
-its result. Exit status 0 when a result (ok or skipped) was written.
+    python -m tbl_bench.child measure CONFIG.json OUT.json
+    python -m tbl_bench.child call MODULE:FUNCTION KWARGS.json OUT.json
+
+`measure` runs one round of one configuration in this fresh interpreter (thread
+pools, allocators and imported libraries of other configurations cannot leak
+into it) and writes the round record. `call` runs a preparation function (a
+peer tool writing its own copy of the data) and writes what it returns. Under
+a peer interpreter only the standard library, numpy and the peer tool need to
+be installed. Exit status 0 when OUT.json was written.
 """
 
 from __future__ import annotations
@@ -11,23 +17,30 @@ import importlib
 import json
 import sys
 
-from tbl_bench.harness import Config, measure
+from tbl_bench.config import Config
+from tbl_bench.measure import measure, resolve_target
+
+USAGE = __doc__.split("\n\n")[1]
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m tbl_bench.child CONFIG.json RESULT.json", file=sys.stderr)
+    if len(argv) == 3 and argv[0] == "measure":
+        with open(argv[1]) as f:
+            config = Config(**json.load(f))
+        for name in config.preimport:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+        out = measure(config)
+    elif len(argv) == 4 and argv[0] == "call":
+        with open(argv[2]) as f:
+            out = resolve_target(argv[1])(**json.load(f))
+    else:
+        print(f"usage:\n{USAGE}", file=sys.stderr)
         return 2
-    with open(argv[0]) as f:
-        config = Config(**json.load(f))
-    for name in config.preimport:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-    result = measure(config)
-    with open(argv[1], "w") as f:
-        json.dump(result, f)
+    with open(argv[-1], "w") as f:
+        json.dump(out, f)
     return 0
 
 

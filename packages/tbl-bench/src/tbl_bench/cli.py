@@ -1,6 +1,7 @@
 """`tbl bench` (entry point group `tbl.commands`) and `python -m tbl_bench`.
 
-    tbl bench [SUITE ...] [--peers] [--quick] [--out DIR] [--data-dir DIR]
+    tbl bench [--suite NAME ...] [--rounds N] [--quick] [--peers] [--peer-python PATH]
+              [--only GLOB] [--json OUT.json] [--out DIR] [--data-dir DIR] [--docs PATH]
     tbl bench --report-only RESULTS.json [--out DIR] [--docs docs/benchmarks.md]
     tbl bench --list
 """
@@ -11,6 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from tbl_bench.bench import run_bench
+from tbl_bench.config import Config
+from tbl_bench.context import BenchContext
+from tbl_bench.report import write_report
+from tbl_bench.results import load_results
 from tbl_bench.suites import SUITES
 
 __all__ = ["add_arguments", "main", "register_bench", "run"]
@@ -19,64 +25,83 @@ DEFAULT_OUT = "bench-results"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suites", nargs="*", metavar="SUITE",
+    p.add_argument("suites", nargs="*", metavar="SUITE", help="same as --suite")
+    p.add_argument("--suite", nargs="+", default=[], metavar="NAME", dest="suite_names",
                    help=f"suites to run (default: all): {', '.join(SUITES)}")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of every configuration, each a fresh process, round-robin; figures are medians "
+                        "over rounds (default: the suite's own, 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="small data and few epochs: proves the pipeline, not for quoting")
     p.add_argument("--peers", action="store_true",
                    help="also measure TurboLoader, litdata and FFCV (pip install 'tbl-bench[peers]')")
-    p.add_argument("--quick", action="store_true", help="small data and few epochs: proves the pipeline, not for quoting")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"results.json, report.md and charts go here (default: {DEFAULT_OUT})")
+    p.add_argument("--peer-python", default=None, metavar="PATH",
+                   help="interpreter of an environment holding the peer tools; runs their configurations and "
+                        "prepares their data (implies --peers; default: this interpreter)")
+    p.add_argument("--only", action="append", default=[], metavar="GLOB",
+                   help="run only configurations whose name matches (repeatable), e.g. 'turboloader/*'")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="write the results here (default: OUT_DIR/results.json)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"report.md and charts go here (default: {DEFAULT_OUT})")
     p.add_argument("--data-dir", default=None, help="generated and converted data, reused across runs (default: OUT/data)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated data (default: 0)")
     p.add_argument("--report-only", metavar="RESULTS_JSON", default=None,
                    help="measure nothing: regenerate report.md and charts from a results file")
     p.add_argument("--docs", metavar="PATH", default=None,
                    help="also write the report (tables only) to PATH, e.g. docs/benchmarks.md")
-    p.add_argument("--only", action="append", default=[], metavar="GLOB",
-                   help="run only configurations whose name matches (repeatable), e.g. 'turboloader/*'")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated data (default: 0)")
     p.add_argument("--list", action="store_true", help="list the suites and exit")
+
+
+def _print_config(config: Config, k: int) -> None:
+    print(f"[{config.suite}] {config.name}" + (f" (round {k + 1})" if k else ""), flush=True)
 
 
 def _print_result(r: dict) -> None:
     if r["status"] != "ok":
-        print(f"    {r['status']}: {(r.get('reason') or '').splitlines()[-1] if r.get('reason') else ''}", flush=True)
+        print(f"    {r['status']}: {(r.get('reason') or '').strip().splitlines()[-1:]}", flush=True)
         return
-    if r.get("kind") == "script":
-        print("    ok (script results recorded)", flush=True)
-        return
-    rss = r["rss"]
-    print(f"    {r['throughput']:,.0f} {r['unit']}  median {r['median_s']:.3f} s  "
-          f"[{r['min_s']:.3f}, {r['max_s']:.3f}]  anon +{rss['growth_anon_kb'] / 1024:.0f} MiB  "
-          f"file +{rss['growth_file_kb'] / 1024:.0f} MiB", flush=True)
+    line = (f"    {r['throughput']:,.0f} {r['unit']}  median {r['median_s']:.4g} s  "
+            f"[{r['min_s']:.4g}, {r['max_s']:.4g}]  rounds {len(r['rounds'])}")
+    if r["rss"]:
+        line += f"  anon +{r['rss']['growth_anon_kb'] / 1024:.0f} MiB  file +{r['rss']['growth_file_kb'] / 1024:.0f} MiB"
+    print(line, flush=True)
+
+
+def _suite_names(args: argparse.Namespace) -> list[str]:
+    names = [*args.suites, *args.suite_names]
+    return list(dict.fromkeys(names)) or list(SUITES)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tbl_bench.bench import load_results, run_bench
-    from tbl_bench.context import BenchContext
-    from tbl_bench.report import write_report
-
     if args.list:
         for name in SUITES:
             print(name)
         return 0
     out = Path(args.out)
     if args.report_only is not None:
-        if args.suites or args.peers or args.quick or args.only:
-            print("tbl bench: --report-only measures nothing; drop SUITE, --peers, --quick and --only",
-                  file=sys.stderr)
+        if args.suites or args.suite_names or args.peers or args.peer_python or args.quick or args.only or args.rounds:
+            print("tbl bench: --report-only measures nothing; drop the suites, --rounds, --peers, --peer-python, "
+                  "--quick and --only", file=sys.stderr)
             return 2
         doc = load_results(args.report_only)
     else:
-        unknown = [s for s in args.suites if s not in SUITES]
+        suites = _suite_names(args)
+        unknown = [s for s in suites if s not in SUITES]
         if unknown:
             print(f"tbl bench: unknown suite(s) {', '.join(unknown)}; known: {', '.join(SUITES)}", file=sys.stderr)
             return 2
-        suites = args.suites or list(SUITES)
-        ctx = BenchContext(args.data_dir or out / "data", quick=args.quick, peers=args.peers, seed=args.seed)
-        doc = run_bench(
-            suites, ctx, out / "results.json", only=args.only,
-            on_config=lambda c: print(f"[{c.suite}] {c.name}", flush=True),
-            on_result=_print_result,
-        )
+        if args.rounds is not None and args.rounds < 1:
+            print(f"tbl bench: --rounds must be >= 1, got {args.rounds}", file=sys.stderr)
+            return 2
+        if args.peer_python is not None and not Path(args.peer_python).exists():
+            print(f"tbl bench: --peer-python {args.peer_python} does not exist", file=sys.stderr)
+            return 2
+        ctx = BenchContext(args.data_dir or out / "data", quick=args.quick,
+                           peers=args.peers or args.peer_python is not None, peer_python=args.peer_python,
+                           seed=args.seed)
+        results = Path(args.json) if args.json else out / "results.json"
+        doc = run_bench(suites, ctx, results, rounds=args.rounds, only=args.only,
+                        on_config=_print_config, on_result=_print_result)
+        print(f"results: {results}")
     md = write_report(doc, out, docs_path=args.docs)
     print(f"report: {md}" + (f", {args.docs}" if args.docs else ""))
     failed = [r["name"] for s in doc["suites"].values() for r in s["results"] if r["status"] == "failed"]

@@ -2,8 +2,9 @@
 
 Every artefact is keyed by the parameters that produced it (a stamp file
 records them); an artefact whose stamp differs is rebuilt, never silently
-reused. Preparation runs in the parent process and is not timed: conversion
-speed is measured by the convert suite, in its own subprocesses.
+reused. Preparation runs in the parent process (a peer tool's data: in the
+peer interpreter) and is not timed: conversion speed is measured by the
+convert suite, in its own subprocesses.
 
 A preparation step that cannot run here (a package not installed, a module not
 written yet) raises `DataUnavailable` with the reason, and the configurations
@@ -15,11 +16,14 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tbl_bench import data
+from tbl_bench.data import ARRAY_ROWS, SCALAR_ROWS, array_rows, make_image_tar, scalar_rows
+from tbl_bench.runner import call_in
 
 __all__ = ["BenchContext", "DataUnavailable", "Sizes"]
 
@@ -47,11 +51,15 @@ class Sizes:
             return cls(images=1000, classes=100, image_size=160, batch_size=64,
                        scalar_rows=20_000, array_rows=100_000, warmup=1, epochs=2)
         return cls(images=10_000, classes=100, image_size=160, batch_size=64,
-                   scalar_rows=data.SCALAR_ROWS, array_rows=data.ARRAY_ROWS, warmup=1, epochs=5)
+                   scalar_rows=SCALAR_ROWS, array_rows=ARRAY_ROWS, warmup=1, epochs=5)
 
 
 class BenchContext:
-    """Data directory + sizes + options, and the lazily prepared inputs of every suite."""
+    """Data directory + sizes + options, and the lazily prepared inputs of every suite.
+
+    `peer_python`: the interpreter that runs the peer tools' configurations and
+    prepares their data (default: this one, with the `[peers]` extra installed).
+    """
 
     def __init__(
         self,
@@ -59,6 +67,7 @@ class BenchContext:
         *,
         quick: bool = False,
         peers: bool = False,
+        peer_python: str | None = None,
         seed: int = 0,
         sizes: Sizes | None = None,
     ) -> None:
@@ -66,32 +75,42 @@ class BenchContext:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.quick = quick
         self.peers = peers
+        self.peer_python = peer_python or sys.executable
         self.seed = seed
         self.sizes = sizes if sizes is not None else Sizes.for_mode(quick)
 
-    # -- stamps --------------------------------------------------------------------------------
-    def _fresh(self, path: Path, key: dict[str, Any]) -> bool:
+    # -- artefacts -----------------------------------------------------------------------------
+    def artifact(self, name: str, key: dict[str, Any], build: Callable[[Path], object]) -> Path:
+        """`data_dir/name`, built by `build(path)` unless a stamp says it was built with the same `key`."""
+        path = self.data_dir / name
         stamp = path.with_name(path.name + ".stamp.json")
-        return path.exists() and stamp.exists() and json.loads(stamp.read_text()) == key
-
-    def _stamp(self, path: Path, key: dict[str, Any]) -> None:
-        path.with_name(path.name + ".stamp.json").write_text(json.dumps(key, sort_keys=True))
-
-    def _clear(self, path: Path) -> None:
+        if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == key:
+            return path
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+        build(path)
+        stamp.write_text(json.dumps(key, sort_keys=True))
+        return path
+
+    def peer_artifact(self, name: str, key: dict[str, Any], target: str, kwargs: dict[str, Any]) -> Path:
+        """An artefact a peer tool writes, built by `target(dst=path, **kwargs)` under the peer interpreter."""
+
+        def build(path: Path) -> None:
+            try:
+                call_in(self.peer_python, target, {**kwargs, "dst": str(path)})
+            except RuntimeError as e:
+                raise DataUnavailable(f"{target} could not prepare {name}: {e}") from e
+
+        return self.artifact(name, {**key, "peer_python": self.peer_python}, build)
 
     # -- images --------------------------------------------------------------------------------
     def image_tar(self) -> Path:
         s = self.sizes
-        path = self.data_dir / f"photos-{s.images}.tar"
         key = {"kind": "image_tar", "n": s.images, "classes": s.classes, "min": 250, "max": 500, "seed": self.seed}
-        if not self._fresh(path, key):
-            data.make_image_tar(path, s.images, num_classes=s.classes, seed=self.seed, progress=True)
-            self._stamp(path, key)
-        return path
+        return self.artifact(f"photos-{s.images}.tar", key, lambda path: make_image_tar(
+            path, s.images, num_classes=s.classes, seed=self.seed, progress=True))
 
     def tbl_images(self, size: int | None = None, mode: str = "squash") -> Path:
         size = size or self.sizes.image_size
@@ -100,76 +119,50 @@ class BenchContext:
             from tbl_loader import convert
         except ImportError as e:
             raise DataUnavailable(f"tbl_loader.convert is not importable: {e}") from e
-        path = self.data_dir / f"photos-{self.sizes.images}-{size}-{mode}.tbl"
         key = {"kind": "tbl_images", "tar": tar.name, "size": size, "mode": mode}
-        if not self._fresh(path, key):
-            self._clear(path)
-            convert(tar, path, size, mode=mode, report=False, progress=True)
-            self._stamp(path, key)
-        return path
+        return self.artifact(f"photos-{self.sizes.images}-{size}-{mode}.tbl", key, lambda path: convert(
+            tar, path, size, mode=mode, report=False, progress=True))
 
     def turbo_images(self, size: int | None = None) -> Path:
+        """The TAR through TurboLoader's `preprocess_to_tbl` (in the peer interpreter)."""
         size = size or self.sizes.image_size
         tar = self.image_tar()
-        try:
-            import turboloader
-        except ImportError as e:
-            raise DataUnavailable(f"turboloader is not installed (pip install 'tbl-bench[peers]'): {e}") from e
-        path = self.data_dir / f"photos-{self.sizes.images}-{size}-turboloader.tbl"
-        key = {"kind": "turbo_images", "tar": tar.name, "size": size, "version": turboloader.__version__}
-        if not self._fresh(path, key):
-            self._clear(path)
-            turboloader.preprocess_to_tbl(str(tar), str(path), image_size=size, num_workers=2)
-            self._stamp(path, key)
-        return path
+        return self.peer_artifact(f"photos-{self.sizes.images}-{size}-turboloader.tbl",
+                                  {"kind": "turbo_images", "tar": tar.name, "size": size},
+                                  "tbl_bench.peers.turbo:turbo_preprocess", {"tar": str(tar), "size": size})
 
     def litdata_images(self, size: int | None = None) -> Path:
+        """The TAR through `litdata.optimize` (in the peer interpreter)."""
         size = size or self.sizes.image_size
         tar = self.image_tar()
-        from tbl_bench.harness import SkipConfig
-        from tbl_bench.peers.litdata_peer import litdata_optimize
-
-        path = self.data_dir / f"photos-{self.sizes.images}-{size}-litdata"
-        key = {"kind": "litdata_images", "tar": tar.name, "size": size}
-        if not self._fresh(path, key):
-            self._clear(path)
-            try:
-                litdata_optimize(tar, path, size)
-            except SkipConfig as e:
-                raise DataUnavailable(str(e)) from e
-            self._stamp(path, key)
-        return path
+        return self.peer_artifact(f"photos-{self.sizes.images}-{size}-litdata",
+                                  {"kind": "litdata_images", "tar": tar.name, "size": size},
+                                  "tbl_bench.peers.litdata_peer:litdata_optimize", {"tar": str(tar), "size": size})
 
     # -- pytrees -------------------------------------------------------------------------------
     def _rows(self, kind: str):
         if kind == "scalar":
-            return self.sizes.scalar_rows, data.scalar_rows(self.sizes.scalar_rows, seed=self.seed)
+            return self.sizes.scalar_rows, scalar_rows(self.sizes.scalar_rows, seed=self.seed)
         if kind == "array":
-            return self.sizes.array_rows, data.array_rows(self.sizes.array_rows, seed=self.seed)
+            return self.sizes.array_rows, array_rows(self.sizes.array_rows, seed=self.seed)
         raise ValueError(f"pytree kind must be scalar or array, got {kind!r}")
 
     def tbl_rows(self, kind: str) -> Path:
         try:
-            import tbl_format
-            write = tbl_format.write
-        except (ImportError, AttributeError) as e:
+            from tbl_format import write
+        except ImportError as e:
             raise DataUnavailable(f"tbl_format.write is not available: {e}") from e
         n, rows = self._rows(kind)
-        path = self.data_dir / f"rows-{kind}-{n}.tbl"
         key = {"kind": "tbl_rows", "rows": kind, "n": n, "seed": self.seed}
-        if not self._fresh(path, key):
-            self._clear(path)
-            write(rows, path)
-            self._stamp(path, key)
-        return path
+        return self.artifact(f"rows-{kind}-{n}.tbl", key, lambda path: write(rows, path))
 
     def pickled_rows(self, kind: str) -> Path:
         """The same rows as one pickle of a list of dicts: the all-in-RAM Python reference."""
         n, rows = self._rows(kind)
-        path = self.data_dir / f"rows-{kind}-{n}.pkl"
-        key = {"kind": "pickled_rows", "rows": kind, "n": n, "seed": self.seed}
-        if not self._fresh(path, key):
+
+        def build(path: Path) -> None:
             with open(path, "wb") as f:
                 pickle.dump(list(rows), f, protocol=pickle.HIGHEST_PROTOCOL)
-            self._stamp(path, key)
-        return path
+
+        return self.artifact(f"rows-{kind}-{n}.pkl", {"kind": "pickled_rows", "rows": kind, "n": n,
+                                                       "seed": self.seed}, build)

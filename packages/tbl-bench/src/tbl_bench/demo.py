@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from tbl_bench.bench import finish_document, new_document, save_results
+from tbl_bench.config import Config
 from tbl_bench.context import BenchContext, DataUnavailable, Sizes
-from tbl_bench.harness import Config
 from tbl_bench.report import write_report
+from tbl_bench.results import finish_document, new_document, save_results
 from tbl_bench.runner import run_config
 
 __all__ = ["main", "run_demo"]
@@ -62,9 +63,10 @@ def run_demo(out: Path, *, images: int = 2000, epochs: int = 3, seed: int = 0) -
     dt = time.perf_counter() - t
     print(f"    {tbl_path} ({tbl_path.stat().st_size / 2**20:.0f} MiB) in {dt:.1f} s", flush=True)
 
-    doc = new_document(ctx, [SUITE])
+    doc = new_document({"suites": [SUITE], "quick": False, "peers": False, "rounds": 1,
+                        "data_dir": str(ctx.data_dir), "seed": seed}, asdict(sizes))
     doc["suites"][SUITE] = {"title": "Demo: serving 160 px images, consume level", "unit": "images/s",
-                            "compare_on": [], "results": []}
+                            "compare_on": [], "rounds": 1, "ratios": {}, "results": []}
     results_path = out / "results.json"
     steps = {"tbl": "3/4 serving with tbl ImageLoader", "pil": "4/4 serving with PyTorch DataLoader + PIL"}
     for config in _configs(ctx, tbl_path, tar, epochs):

@@ -46,10 +46,22 @@ def _mib(kb: int | None) -> str:
     return "" if kb is None else f"{kb / _KIB_PER_MIB:.0f}"
 
 
+def _peak_growth(rss: dict[str, int], kind: str) -> str:
+    """"peak (+growth)" in MiB; empty where memory was not sampled."""
+    if not rss:
+        return ""
+    return f"{_mib(rss.get(f'peak_{kind}_kb'))} (+{_mib(rss.get(f'growth_{kind}_kb'))})"
+
+
 def _fmt(x: float | None, digits: int = 0) -> str:
     if x is None:
         return ""
     return f"{x:,.{digits}f}"
+
+
+def _seconds(x: float | None) -> str:
+    """Three significant digits: a kernel batch takes milliseconds, an epoch of PIL decoding a minute."""
+    return "" if x is None else f"{x:.3g}"
 
 
 def _ratio_cell(r: tuple | None) -> str:
@@ -73,90 +85,34 @@ def _suite_table(name: str, suite: dict[str, Any]) -> list[str]:
     ]
     notes = []
     for r in suite["results"]:
-        if r.get("status") != "ok":
+        if r.get("status") != "ok" or r.get("reason"):
             notes.append(f"- `{r['name']}`: {r['status']}: {_last_line(r.get('reason'))}".rstrip())
+        if r.get("status") != "ok":
             continue
         rat = ratios(r, suite)
         base = rat.get("baseline")
         floor = rat.get("floor")
         rss = r.get("rss") or {}
         lines.append(
-            f"| `{r['name']}` | {r['role']} | {_fmt(r['throughput'])} | {_fmt(r['median_s'], 3)} "
-            f"| {_fmt(r['min_s'], 3)} | {_fmt(r['max_s'], 3)} "
+            f"| `{r['name']}`{' (peer)' if r.get('peer') else ''} | {r['role']} | {_fmt(r['throughput'])} "
+            f"| {_seconds(r['median_s'])} | {_seconds(r['min_s'])} | {_seconds(r['max_s'])} "
             f"| {_ratio_cell(base) + (f' ({base[0]})' if base else '')} "
             f"| {_ratio_cell(floor) + (f' ({floor[0]})' if floor else '')} "
-            f"| {_mib(rss.get('peak_anon_kb'))} (+{_mib(rss.get('growth_anon_kb'))}) "
-            f"| {_mib(rss.get('peak_file_kb'))} (+{_mib(rss.get('growth_file_kb'))}) "
+            f"| {_peak_growth(rss, 'anon')} | {_peak_growth(rss, 'file')} "
             f"| {_mib(rss.get('tree_growth_anon_kb'))} | {_fmt(r.get('setup_s'), 2)} |"
         )
     if len(lines) == 2:
         lines = []
     if notes:
-        lines += ["", "Not measured:", "", *notes]
+        lines += ["", "Not measured, or not every round:", "", *notes]
     return lines
 
 
-def _scalar(v: Any) -> bool:
-    return v is None or isinstance(v, str | int | float | bool)
-
-
-def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
-    """Scalars of a record, nested dicts one level deep as "outer.inner"; lists are left to the JSON."""
-    out: dict[str, Any] = {}
-    for k, v in rec.items():
-        if _scalar(v):
-            out[k] = v
-        elif isinstance(v, dict):
-            out.update({f"{k}.{k2}": v2 for k2, v2 in v.items() if _scalar(v2)})
-    return out
-
-
-def _records(payload: Any) -> list[dict[str, Any]] | None:
-    """The flat records in a script's JSON: a list of dicts, or a dict of dicts keyed by name."""
-    if isinstance(payload, dict):
-        for key in ("results", "configs", "records", "rows"):
-            if isinstance(payload.get(key), list | dict):
-                payload = payload[key]
-                break
-    if isinstance(payload, dict) and payload and all(isinstance(v, dict) for v in payload.values()):
-        payload = [{"name": k, **v} for k, v in payload.items()]
-    if isinstance(payload, list) and payload and all(isinstance(x, dict) for x in payload):
-        return [_flatten(x) for x in payload]
-    return None
-
-
-def _cell(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:,.4g}"
-    return "" if v is None else str(v)
-
-
-def _script_table(suite: dict[str, Any]) -> list[str]:
-    lines: list[str] = []
-    for r in suite["results"]:
-        lines.append(f"**{r['name']}**")
-        lines.append("")
-        if r.get("status") != "ok":
-            lines += [f"{r['status']}: {_last_line(r.get('reason'))}", ""]
-            continue
-        payload = (r.get("info") or {}).get("script")
-        recs = _records(payload)
-        if recs is None:
-            lines += ["```json", json.dumps(payload, indent=1)[:4000], "```", ""]
-            continue
-        cols: list[str] = []
-        for rec in recs:
-            cols += [k for k in rec if k not in cols]
-        lines.append("| " + " | ".join(cols) + " |")
-        lines.append("|" + "---|" * len(cols))
-        lines += ["| " + " | ".join(_cell(rec.get(c)) for c in cols) + " |" for rec in recs]
-        lines.append("")
-        rat = payload.get("ratios") if isinstance(payload, dict) else None
-        if isinstance(rat, dict) and rat:
-            lines += ["| ratio (same run) | x |", "|---|---:|"]
-            lines += [f"| {k} | {v:.2f} |" for k, v in rat.items() if isinstance(v, int | float)]
-            lines.append("")
-    return lines
+def _ratio_table(suite: dict[str, Any]) -> list[str]:
+    named = suite.get("ratios") or {}
+    if not named:
+        return []
+    return ["", "| ratio (same run) | x |", "|---|---:|", *(f"| {k} | {v:.2f} |" for k, v in named.items())]
 
 
 def machine_lines(doc: dict[str, Any]) -> list[str]:
@@ -184,8 +140,9 @@ def render_markdown(doc: dict[str, Any], *, charts: dict[str, str] | None = None
         f"# {title}",
         "",
         "Generated by `tbl bench` from one results file; every ratio is between two results of that same run.",
-        "Regenerate with `tbl bench [--peers] --docs docs/benchmarks.md` (measures) or",
+        "Regenerate with `tbl bench [--peers] [--peer-python PATH] --docs docs/benchmarks.md` (measures) or",
         "`tbl bench --report-only RESULTS.json --docs docs/benchmarks.md` (from a saved run).",
+        "Every configuration runs in its own process per round; *(peer)* marks those run under the peer interpreter.",
         "Levels: *produce* touches one element per batch, *consume* sums every batch. Memory: peak RSS of the",
         "measuring process split into anonymous and file-backed pages, with the growth over its baseline",
         "taken before the workload was built; *tree* adds the worker processes (an upper bound: pages shared",
@@ -198,9 +155,12 @@ def render_markdown(doc: dict[str, Any], *, charts: dict[str, str] | None = None
         lines[2:2] = ["**Quick run**: small data and few epochs. It proves the pipeline; do not quote its figures.", ""]
     for name, suite in doc["suites"].items():
         lines += [f"## {suite['title']} (`{name}`)", ""]
-        scripts = bool(suite["results"]) and all(r.get("kind") == "script" for r in suite["results"])
-        body = _script_table(suite) if scripts else _suite_table(name, suite)
-        lines += body or ["(no results)"]
+        rounds = suite.get("rounds", 1)
+        if rounds > 1:
+            lines += [f"{rounds} rounds, each a fresh process: the median of the rounds' median epochs; "
+                      "min and max over every timed epoch.", ""]
+        lines += _suite_table(name, suite) or ["(no results)"]
+        lines += _ratio_table(suite)
         lines.append("")
         if charts and name in charts:
             lines += [f"![{suite['title']}]({charts[name]})", ""]
@@ -224,7 +184,11 @@ def write_charts(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         fig, ax = plt.subplots(figsize=(10, max(2.8, 0.35 * len(ok) + 1.5)))
         labels = [r["name"] for r in ok]
         values = [r["throughput"] for r in ok]
-        bars = ax.barh(range(len(ok)), values, color=[colors.get(r["role"], "#dd8452") for r in ok])
+        # min-max spread: the rate of the slowest and of the fastest timed epoch.
+        spread = [[v - r["items_per_epoch"] / r["max_s"] for v, r in zip(values, ok, strict=True)],
+                  [r["items_per_epoch"] / r["min_s"] - v for v, r in zip(values, ok, strict=True)]]
+        bars = ax.barh(range(len(ok)), values, xerr=spread, error_kw={"elinewidth": 0.8, "capsize": 2},
+                       color=[colors.get(r["role"], "#dd8452") for r in ok])
         ax.set_yticks(range(len(ok)), labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(suite.get("unit") or "items/s")

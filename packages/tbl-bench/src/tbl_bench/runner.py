@@ -1,9 +1,14 @@
-"""Runs each configuration in its own subprocess and collects the results.
+"""Runs each round of each configuration in its own subprocess (`python -m tbl_bench.child`).
 
 In-process comparisons contaminate each other (thread pools, allocator state,
-imported libraries), so every `Config` gets a fresh interpreter
-(`python -m tbl_bench.child`). A crash, a timeout or a non-zero exit becomes a
-"failed" result with the tail of the child's stderr; the run goes on.
+imported libraries), so every round of every `Config` gets a fresh
+interpreter: this one, or the peer interpreter for a peer tool's
+configuration. A crash, a timeout or a non-zero exit becomes a "failed" round
+with the tail of the child's stderr; the run goes on.
+
+A peer interpreter (another virtual environment, holding TurboLoader or
+litdata) sees tbl_bench itself through a directory holding only a link to this
+package, so nothing else of this environment leaks into it.
 """
 
 from __future__ import annotations
@@ -13,85 +18,94 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from tbl_bench.harness import Config, failed_result, script_result, skipped_result
+from tbl_bench.config import Config
+from tbl_bench.results import config_result
 
-__all__ = ["parse_json_output", "run_config", "run_configs"]
+__all__ = ["call_in", "run_config", "run_round"]
 
 _STDERR_TAIL = 2000
+_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def run_config(config: Config, *, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one configuration in a child interpreter and return its result dict."""
+def _same_interpreter(python: str) -> bool:
+    try:
+        return os.path.samefile(python, sys.executable)
+    except OSError:
+        return False
+
+
+def _child(python: str, args: list[str], tmp: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run `python -m tbl_bench.child ARGS` with `env`; raises subprocess.TimeoutExpired."""
+    env = dict(env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if not _same_interpreter(python):
+        if not Path(python).exists():
+            raise FileNotFoundError(f"peer interpreter {python} does not exist")
+        (tmp / "path").mkdir()
+        (tmp / "path" / "tbl_bench").symlink_to(_PACKAGE_DIR, target_is_directory=True)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp / "path"), env.get("PYTHONPATH")) if p)
+    return subprocess.run([python, "-m", "tbl_bench.child", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    return (proc.stderr or proc.stdout or "")[-_STDERR_TAIL:].strip()
+
+
+def run_round(config: Config, *, peer_python: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One round of `config` in a child interpreter: the round record ("ok", "skipped" or "failed")."""
     if config.skip is not None:
-        return skipped_result(config, config.skip)
-    if config.kind == "script":
-        return _run_script(config, env)
+        return {"status": "skipped", "reason": config.skip}
+    python = (peer_python or sys.executable) if config.peer else sys.executable
+    child_env = {**(os.environ if env is None else env), **config.env}
     with tempfile.TemporaryDirectory(prefix="tbl-bench-") as tmp:
-        cfg_path = Path(tmp) / "config.json"
-        res_path = Path(tmp) / "result.json"
+        cfg_path, out_path = Path(tmp) / "config.json", Path(tmp) / "round.json"
         cfg_path.write_text(json.dumps(config.to_dict()))
-        child_env = dict(os.environ if env is None else env)
-        child_env.setdefault("PYTHONUNBUFFERED", "1")
-        cmd = [sys.executable, "-m", "tbl_bench.child", str(cfg_path), str(res_path)]
         try:
-            proc = subprocess.run(
-                cmd, env=child_env, capture_output=True, text=True, timeout=config.timeout_s,
-            )
+            proc = _child(python, ["measure", str(cfg_path), str(out_path)], Path(tmp), child_env, config.timeout_s)
         except subprocess.TimeoutExpired:
-            return failed_result(config, f"timed out after {config.timeout_s:.0f} s")
-        if proc.returncode != 0 or not res_path.exists():
-            tail = (proc.stderr or "")[-_STDERR_TAIL:].strip()
-            return failed_result(config, f"child exited with status {proc.returncode}: {tail}")
-        return json.loads(res_path.read_text())
+            return {"status": "failed", "reason": f"timed out after {config.timeout_s:.0f} s"}
+        except FileNotFoundError as e:
+            return {"status": "failed", "reason": str(e)}
+        if proc.returncode != 0 or not out_path.exists():
+            return {"status": "failed", "reason": f"child exited with status {proc.returncode}: {_tail(proc)}"}
+        record = json.loads(out_path.read_text())
+    record["python"] = python
+    return record
 
 
-def parse_json_output(stdout: str) -> Any:
-    """The JSON a script printed: all of stdout, or else its last line that parses as JSON."""
-    text = stdout.strip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    for line in reversed(text.splitlines()):
+def run_config(config: Config, *, rounds: int = 1, peer_python: str | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """All rounds of one configuration, one after another; the aggregated result.
+
+    A whole run interleaves configurations round-robin instead (`tbl_bench.bench`).
+    """
+    records = []
+    for _ in range(rounds):
+        records.append(run_round(config, peer_python=peer_python, env=env))
+        if records[-1]["status"] == "skipped":
+            break
+    return config_result(config, records)
+
+
+def call_in(python: str, target: str, kwargs: dict[str, Any], *, timeout_s: float = 7200.0) -> Any:
+    """`target(**kwargs)` ("module:function") in a child `python`; returns its JSON result.
+
+    For preparing a peer tool's data with the peer's own interpreter. Raises
+    RuntimeError with the child's stderr tail when it fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="tbl-bench-call-") as tmp:
+        kw_path, out_path = Path(tmp) / "kwargs.json", Path(tmp) / "out.json"
+        kw_path.write_text(json.dumps(kwargs))
         try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            continue
-    raise ValueError("no JSON found in the script's output")
-
-
-def _run_script(config: Config, env: dict[str, str] | None) -> dict[str, Any]:
-    module = config.target.partition(":")[0]
-    cmd = [sys.executable, "-m", module, *config.args]
-    child_env = dict(os.environ if env is None else env)
-    try:
-        proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=config.timeout_s)
-    except subprocess.TimeoutExpired:
-        return failed_result(config, f"timed out after {config.timeout_s:.0f} s")
-    if proc.returncode != 0:
-        tail = (proc.stderr or "")[-_STDERR_TAIL:].strip()
-        return failed_result(config, f"{' '.join(cmd[1:])} exited with status {proc.returncode}: {tail}")
-    try:
-        payload = parse_json_output(proc.stdout)
-    except ValueError as e:
-        return failed_result(config, f"{' '.join(cmd[1:])}: {e}; stdout ends: {proc.stdout[-300:]!r}")
-    return script_result(config, payload)
-
-
-def run_configs(
-    configs: Iterable[Config],
-    *,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Run configurations one after another (never concurrently: they would share the cores)."""
-    results = []
-    for config in configs:
-        result = run_config(config)
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
-    return results
+            proc = _child(python, ["call", target, str(kw_path), str(out_path)], Path(tmp), dict(os.environ), timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"{target} timed out after {timeout_s:.0f} s") from e
+        except FileNotFoundError as e:
+            raise RuntimeError(str(e)) from e
+        if proc.returncode != 0 or not out_path.exists():
+            raise RuntimeError(f"{target} under {python} exited with status {proc.returncode}: {_tail(proc)}")
+        return json.loads(out_path.read_text())

@@ -4,7 +4,7 @@ a compiler toolchain), so the adapter reports why it is skipped instead of faili
 
 from __future__ import annotations
 
-from tbl_bench.harness import SkipConfig
+from tbl_bench.config import SkipConfig
 
 __all__ = ["ffcv_serve", "ffcv_unavailable_reason"]
 

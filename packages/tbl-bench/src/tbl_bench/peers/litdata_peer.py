@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tbl_bench.harness import SkipConfig
+from tbl_bench.config import SkipConfig
 from tbl_bench.levels import consume_batch
 from tbl_bench.peers.pil import index_tar
 from tbl_bench.peers.transforms import transform_image

@@ -12,10 +12,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tbl_bench.harness import SkipConfig
+from tbl_bench.config import SkipConfig
 from tbl_bench.levels import consume_batch
 
-__all__ = ["import_turboloader", "turbo_convert", "turbo_serve"]
+__all__ = ["import_turboloader", "turbo_convert", "turbo_preprocess", "turbo_serve"]
 
 
 def import_turboloader():
@@ -24,6 +24,11 @@ def import_turboloader():
     except ImportError as e:
         raise SkipConfig(f"turboloader is not installed (pip install 'tbl-bench[peers]'): {e}") from e
     return turboloader
+
+
+def turbo_preprocess(tar: str, dst: str, size: int, workers: int = 2) -> int:
+    """`preprocess_to_tbl` of the TAR into `dst` (the served data of the images and train suites)."""
+    return import_turboloader().preprocess_to_tbl(str(tar), str(dst), image_size=size, num_workers=workers)
 
 
 class _Convert:

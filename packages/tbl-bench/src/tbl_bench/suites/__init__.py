@@ -1,12 +1,15 @@
-"""Benchmark suites. Each suite defines NAME, TITLE, UNIT, COMPARE_ON and configurations(ctx).
+"""Benchmark suites: one module each, all run by the same runner into the same schema.
 
-COMPARE_ON names the parameters a result must share with a baseline or floor
-result for a ratio between them to be meaningful (e.g. same level, same
-augmentation); a baseline that lacks one of those parameters matches any value.
+A suite module defines:
 
-kernels.py, format_open.py, format_read.py, pytree_read.py and pytree_dataloader.py are standalone
-scripts owned by the authors of the packages they measure; `external.py` runs
-them as subprocesses.
+- NAME, TITLE, UNIT (what `throughput` counts), COMPARE_ON: the parameters a
+  result must share with a baseline or floor result for a ratio between them to
+  be meaningful (a reference that lacks one of those parameters matches any value);
+- `configurations(ctx) -> list[Config]`;
+- optionally ROUNDS: rounds of every configuration in a full run (default 1; a
+  quick run does 1; `--rounds` overrides both);
+- optionally `ratios(results_by_name) -> dict[str, float]`: named same-run ratios
+  beyond the baseline / floor columns, computed once the suite has run.
 """
 
 from __future__ import annotations
@@ -14,26 +17,31 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["SUITES", "load_suite"]
+__all__ = ["SUITES", "load_suite", "suite_rounds"]
 
 # Suite name -> module, in the order a full run executes them.
 SUITES = {
-    "kernels": "tbl_bench.suites.external:KERNELS",
-    "format": "tbl_bench.suites.external:FORMAT",
+    "kernels": "tbl_bench.suites.kernels",
+    "format_open": "tbl_bench.suites.format_open",
+    "format_read": "tbl_bench.suites.format_read",
     "convert": "tbl_bench.suites.convert",
     "images": "tbl_bench.suites.images",
     "pytree": "tbl_bench.suites.pytree",
-    "pytree_loader": "tbl_bench.suites.external:PYTREE_LOADER",
+    "pytree_read": "tbl_bench.suites.pytree_read",
+    "pytree_dataloader": "tbl_bench.suites.pytree_dataloader",
     "torch": "tbl_bench.suites.torch_dataloader",
     "resident": "tbl_bench.suites.resident",
     "train": "tbl_bench.suites.train",
 }
 
 
-def load_suite(name: str) -> ModuleType | object:
-    """The suite module (or suite object, for "module:attribute" entries) registered as `name`."""
+def load_suite(name: str) -> ModuleType:
+    """The suite module registered as `name`."""
     if name not in SUITES:
         raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
-    module, _, attr = SUITES[name].partition(":")
-    mod = importlib.import_module(module)
-    return getattr(mod, attr) if attr else mod
+    return importlib.import_module(SUITES[name])
+
+
+def suite_rounds(suite: ModuleType, quick: bool) -> int:
+    """Rounds of the suite's configurations when the run does not say."""
+    return 1 if quick else getattr(suite, "ROUNDS", 1)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext
-from tbl_bench.harness import Config, SkipConfig
 from tbl_bench.peers.pil import index_tar
 
 NAME = "convert"
@@ -125,8 +125,8 @@ def configurations(ctx: BenchContext) -> list[Config]:
     if ctx.peers:
         configs += [
             Config(NAME, "turboloader", "turboloader", "tbl_bench.peers.turbo:turbo_convert",
-                   {"tar": tar, "size": s.image_size, "count": s.images}, **common),
+                   {"tar": tar, "size": s.image_size, "count": s.images}, peer=True, **common),
             Config(NAME, "litdata", "litdata", "tbl_bench.peers.litdata_peer:litdata_convert",
-                   {"tar": tar, "size": s.image_size, "count": s.images}, **common),
+                   {"tar": tar, "size": s.image_size, "count": s.images}, peer=True, **common),
         ]
     return configs

@@ -1,82 +1,60 @@
 """How long `tbl_format.open` takes on a 1,000,000-row file (target: under 50 ms).
 
-    python -m tbl_bench.suites.format_open [--quick] [--runs 7] [--keep DIR]
+Two files, built once in the data directory: a native .tbl of 1,000,000 rows
+of {int, float, str, (16,) float32} and a TurboLoader TBL v2 file of 1,000,000
+RAW_U8 2x2 samples (its index alone is 24 MB; v2 open validates every entry,
+so it is O(N) where native open is O(1)). Every round is a fresh process (7 in
+a full run) that imports numpy and tbl_format and opens a tiny file of the same
+kind (not timed: tbl_format imports its reader modules on first use; that time
+is recorded as `tiny_open_s` in the result's info), then times:
 
-Builds, once, in a temp dir: a native .tbl of 1,000,000 rows of
-{int, float, str, (16,) float32} and a TBL v2 file of 1,000,000 RAW_U8 2x2
-samples (its index alone is 24 MB; v2 open validates every entry, so it is
-O(N) where native open is O(1)). Then, for each file, `--runs` fresh
-subprocesses each import numpy and tbl_format (not timed), time one
-`open(path)` (the first in the process), then `open + ds[0]` and a few more opens. Before that each process opens a
-tiny file of the same kind, so the reader modules tbl_format imports on first
-use are not in the figure (reported apart: with PYTHONDONTWRITEBYTECODE set
-they are compiled from source in every process). Reported:
-the median over processes of the first open, of open + first item, and of the
-repeated in-process opens. The files are in the page cache (built just
-before); this measures open's own work, not the disk.
+* ``KIND/first-open``: the first `open(path)` of the file in the process;
+* ``KIND/open+item``: `open(path)` and `ds[0]`, after one such open;
+* ``KIND/reopen``: 5 more opens after two, the median of them.
 
-Prints a table, then the whole result as JSON on the last line.
+Closing a dataset is not timed (it happens before the next epoch). The files
+are in the page cache (built or read just before): this measures open's own
+work, not the disk.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import statistics
-import subprocess
-import sys
-import tempfile
+import struct
 import time
+import zlib
 from pathlib import Path
+
+import numpy as np
+
+from tbl_bench.config import Config
+from tbl_bench.context import BenchContext
+
+NAME = "format_open"
+TITLE = "tbl_format.open on 1,000,000 rows (target < 50 ms)"
+UNIT = "opens/s"
+COMPARE_ON = ()
+ROUNDS = 7
 
 TARGET_MS = 50.0
 ROWS = 1_000_000
 QUICK_ROWS = 100_000
-
-_CHILD = r"""
-import json, sys, time
-import numpy  # imported up front as in any training process: its import (~0.1-1 s) is not open's cost
-import tbl_format as tf
-path, warm, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
-# tbl_format imports its reader modules on the first open; a tiny file of the same kind pays that first.
-t = time.perf_counter(); tf.open(warm).close(); warm_s = time.perf_counter() - t
-t = time.perf_counter(); ds = tf.open(path); first = time.perf_counter() - t
-n = len(ds); ds.close()
-t = time.perf_counter(); ds = tf.open(path); row = ds[0]; with_item = time.perf_counter() - t
-ds.close()
-again = []
-for _ in range(repeats):
-    t = time.perf_counter(); ds = tf.open(path); again.append(time.perf_counter() - t); ds.close()
-print(json.dumps({"warm_open_s": warm_s, "first_open_s": first, "open_first_item_s": with_item,
-                  "repeat_open_s": again, "rows": n}))
-"""
+KINDS = ("native", "v2")
 
 
-def build_native(path: Path, rows: int) -> float:
-    """The 1M-row native file, written through the public Writer; returns seconds taken."""
-    import numpy as np
-
+def build_native(path: Path, rows: int) -> None:
+    """The native file, written through the public Writer."""
     import tbl_format as tf
 
     schema = tf.Schema({"i": tf.Leaf("int"), "f": tf.Leaf("float"), "s": tf.Leaf("str"),
                         "v": tf.Leaf("array", dtype="float32", shape=(16,))})
     vec = np.arange(16, dtype=np.float32)
-    t = time.perf_counter()
     with tf.Writer(path, schema) as w:
         for i in range(rows):
             w.write({"i": i, "f": i * 0.5, "s": f"row-{i}", "v": vec})
-    return time.perf_counter() - t
 
 
-def build_v2(path: Path, rows: int) -> float:
-    """A TBL v2 file of RAW_U8 2x2 samples in TurboLoader's layout (SPEC.md section 8), vectorised with numpy."""
-    import zlib
-
-    import numpy as np
-
-    t = time.perf_counter()
+def build_v2(path: Path, rows: int) -> None:
+    """A TBL v2 file of RAW_U8 2x2 samples in TurboLoader's layout (SPEC.md), vectorised with numpy."""
     h, w = 2, 2
     size = h * w * 3
     data_start = 64 + 24 * rows
@@ -97,85 +75,65 @@ def build_v2(path: Path, rows: int) -> float:
     entries["size"] = entries["usize"] = size
     entries["width"], entries["height"], entries["format"] = w, h, 8
     entries["crc"] = crc
-    import struct
-
     head = bytearray(struct.pack("<4sIQIIQQII16s", b"TBL\x02", 2, rows, data_start, 0, 0, 0, 4, 0, bytes(16)))
     head[44:48] = struct.pack("<I", zlib.crc32(head))
     with open(path, "wb") as f:
         f.write(head)
         f.write(entries.tobytes())
         f.write(payload.tobytes())
-    return time.perf_counter() - t
 
 
-def run_child(path: Path, warm: Path, repeats: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(warm), str(repeats)], capture_output=True, text=True,
-                         check=False, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"child failed ({out.returncode}): {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+_BUILDERS = {"native": build_native, "v2": build_v2}
 
 
-def measure(path: Path, warm: Path, runs: int, repeats: int) -> dict:
-    results = [run_child(path, warm, repeats) for _ in range(runs)]
-    warm_ms = [r["warm_open_s"] * 1e3 for r in results]
-    first = [r["first_open_s"] * 1e3 for r in results]
-    item = [r["open_first_item_s"] * 1e3 for r in results]
-    again = [statistics.median(r["repeat_open_s"]) * 1e3 for r in results if r["repeat_open_s"]]
-    return {
-        "rows": results[0]["rows"],
-        "file_bytes": path.stat().st_size,
-        "processes": runs,
-        "first_open_ms": {"median": statistics.median(first), "min": min(first), "max": max(first)},
-        "import_and_tiny_open_ms_median": statistics.median(warm_ms),
-        "open_first_item_ms": {"median": statistics.median(item), "min": min(item), "max": max(item)},
-        "repeat_open_ms_median": statistics.median(again) if again else None,
-    }
+class _Open:
+    def __init__(self, path: str, tiny: str, item: bool):
+        import tbl_format
+
+        self._open, self.path, self.item = tbl_format.open, path, item
+        t = time.perf_counter()
+        self._open(tiny).close()
+        self.info = {"tiny_open_s": time.perf_counter() - t}
+        self.items_per_epoch = 1
+        self.ds = None
+
+    def prepare_epoch(self, epoch: int) -> None:
+        self.close()
+
+    def run_epoch(self, epoch: int) -> int:
+        self.ds = self._open(self.path)
+        if self.item:
+            self.ds[0]
+        return 1
+
+    def close(self) -> None:
+        if self.ds is not None:
+            self.ds.close()
+            self.ds = None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of {ROWS:,}")
-    ap.add_argument("--runs", type=int, default=7, help="fresh processes per file (default 7)")
-    ap.add_argument("--repeats", type=int, default=5, help="extra opens per process (default 5)")
-    ap.add_argument("--keep", type=Path, default=None, help="build (or reuse) the files in this directory")
-    args = ap.parse_args(argv)
-    rows = QUICK_ROWS if args.quick else ROWS
-
-    with tempfile.TemporaryDirectory(prefix="tbl-format-open-") as tmp:
-        root = args.keep or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        native, v2 = root / f"native-{rows}.tbl", root / f"v2-{rows}.tbl"
-        build = {}
-        if not native.exists():
-            build["native_s"] = build_native(native, rows)
-        if not v2.exists():
-            build["v2_s"] = build_v2(v2, rows)
-        warm_native, warm_v2 = root / "warm-native.tbl", root / "warm-v2.tbl"
-        build_native(warm_native, 1)
-        build_v2(warm_v2, 1)
-        configs = {"native": measure(native, warm_native, args.runs, args.repeats),
-                   "v2": measure(v2, warm_v2, args.runs, args.repeats)}
-
-    result = {
-        "suite": "format_open",
-        "target_ms": TARGET_MS,
-        "rows": rows,
-        "build_s": build,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "configs": configs,
-        "meets_target": {k: v["first_open_ms"]["median"] < TARGET_MS for k, v in configs.items()},
-    }
-    print(f"tbl_format.open on {rows:,} rows ({args.runs} fresh processes each; medians, ms; target < {TARGET_MS:g} ms)")
-    print(f"{'file':8} {'MB':>8} {'first open':>11} {'open+item':>10} {'re-open':>8} {'lazy imports':>13}  target")
-    for name, c in configs.items():
-        print(f"{name:8} {c['file_bytes'] / 1e6:8.1f} {c['first_open_ms']['median']:11.2f} "
-              f"{c['open_first_item_ms']['median']:10.2f} {c['repeat_open_ms_median']:8.2f} "
-              f"{c['import_and_tiny_open_ms_median']:13.2f}  {'met' if result['meets_target'][name] else 'MISSED'}")
-    print(json.dumps(result))
-    return 0
+def open_file(path: str, tiny: str, item: bool = False):
+    """Workload factory: one `tbl_format.open(path)` per epoch (and `ds[0]` with `item`)."""
+    return _Open(path, tiny, item)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def configurations(ctx: BenchContext) -> list[Config]:
+    rows = QUICK_ROWS if ctx.quick else ROWS
+    configs = []
+    for kind in KINDS:
+        build = _BUILDERS[kind]
+        path = ctx.artifact(f"open-{kind}-{rows}.tbl", {"kind": f"open_{kind}", "rows": rows},
+                            lambda p, build=build: build(p, rows))
+        tiny = ctx.artifact(f"open-{kind}-1.tbl", {"kind": f"open_{kind}", "rows": 1},
+                            lambda p, build=build: build(p, 1))
+        params = {"path": str(path), "tiny": str(tiny)}
+        common = {"unit": UNIT, "rss": False, "preimport": ["numpy", "tbl_format"]}
+        configs += [
+            Config(NAME, f"{kind}/first-open", "tbl_format", "tbl_bench.suites.format_open:open_file", params,
+                   warmup=0, epochs=1, **common),
+            Config(NAME, f"{kind}/open+item", "tbl_format", "tbl_bench.suites.format_open:open_file",
+                   {**params, "item": True}, warmup=1, epochs=1, **common),
+            Config(NAME, f"{kind}/reopen", "tbl_format", "tbl_bench.suites.format_open:open_file", params,
+                   warmup=2, epochs=5, **common),
+        ]
+    return configs

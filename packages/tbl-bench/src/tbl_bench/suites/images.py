@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext, DataUnavailable
-from tbl_bench.harness import Config, SkipConfig
 from tbl_bench.levels import LEVELS, consume_batch
 from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
@@ -184,11 +184,11 @@ def configurations(ctx: BenchContext) -> list[Config]:
     s = ctx.sizes
     common = {"warmup": s.warmup, "epochs": s.epochs, "unit": UNIT}
 
-    def cfg(name, tool, target, params, role="subject", skip=None):
+    def cfg(name, tool, target, params, role="subject", skip=None, peer=False):
         # The decode-every-epoch pipelines run ~100x slower; fewer epochs keep a full run
         # within the hour, and their spread (min/max) is reported like everyone else's.
         epochs = {**common, "epochs": min(2, s.epochs)} if tool in SLOW_TOOLS else common
-        return Config(NAME, name, tool, target, params, role=role, skip=skip, **epochs)
+        return Config(NAME, name, tool, target, params, role=role, skip=skip, peer=peer, **epochs)
 
     def tbl_path(size: int, mode: str) -> tuple[str, str | None]:
         try:
@@ -237,16 +237,14 @@ def peer_configurations(ctx: BenchContext, cfg) -> list[Config]:
             configs.append(cfg(f"turboloader/{level}/{aug}/{size}", "turboloader",
                                "tbl_bench.peers.turbo:turbo_serve",
                                {"path": tl_path, "batch_size": s.batch_size, "aug": aug, "level": level,
-                                "size": size}, skip=tl_skip))
+                                "size": size}, skip=tl_skip, peer=True))
         try:
             ld_path, ld_skip = str(ctx.litdata_images(size)), None
         except DataUnavailable as e:
             ld_path, ld_skip = "", str(e)
         configs.append(cfg(f"litdata/consume/{aug}/{size}", "litdata", "tbl_bench.peers.litdata_peer:litdata_serve",
                            {"path": ld_path, "size": size, "batch_size": s.batch_size, "aug": aug,
-                            "level": "consume"}, skip=ld_skip))
-    from tbl_bench.peers.ffcv_peer import ffcv_unavailable_reason
-
+                            "level": "consume"}, skip=ld_skip, peer=True))
     configs.append(cfg("ffcv/consume/plain", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
-                       {"level": "consume", "aug": "plain"}, skip=ffcv_unavailable_reason()))
+                       {"level": "consume", "aug": "plain"}, peer=True))
     return configs

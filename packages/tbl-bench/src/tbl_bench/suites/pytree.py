@@ -13,8 +13,8 @@ import pickle
 
 import numpy as np
 
+from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext, DataUnavailable
-from tbl_bench.harness import Config, SkipConfig
 
 NAME = "pytree"
 TITLE = "Pytree reads"

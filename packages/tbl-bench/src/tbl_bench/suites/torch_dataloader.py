@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext, DataUnavailable
-from tbl_bench.harness import Config, SkipConfig
 from tbl_bench.levels import consume_batch
 from tbl_bench.peers.transforms import IMAGENET_MEAN, IMAGENET_STD
 

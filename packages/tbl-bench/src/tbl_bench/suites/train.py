@@ -9,8 +9,8 @@ training box.
 
 from __future__ import annotations
 
+from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext, DataUnavailable
-from tbl_bench.harness import Config, SkipConfig
 
 NAME = "train"
 TITLE = "Training step, small CNN on the CPU"
@@ -188,5 +188,6 @@ def configurations(ctx: BenchContext) -> list[Config]:
             tl_path, tl_skip = "", str(e)
         for aug in ("plain", "crop"):
             configs.append(Config(NAME, f"turboloader/{aug}", "turboloader", "tbl_bench.suites.train:turbo_fed",
-                                  {"path": tl_path, "tar": tar, "aug": aug, **base}, skip=tl_skip, **common))
+                                  {"path": tl_path, "tar": tar, "aug": aug, **base}, skip=tl_skip, peer=True,
+                                  **common))
     return configs
