@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 import tbl_format as tf
 import tbl_format.reader as native_reader
-from tbl_format import v2
+from tbl_format import turboloader as v2
 
 GOLDEN = Path(__file__).parent / "golden"
 EXAMPLES = int(os.environ.get("TBL_FUZZ_EXAMPLES", "200"))

@@ -13,7 +13,7 @@ import pytest
 
 import tbl_format as tf
 import tbl_format.reader as native_reader
-from tbl_format import v2
+from tbl_format import turboloader as v2
 
 GOLDEN = Path(__file__).parent / "golden"
 EXPECTED = json.loads((GOLDEN / "expected.json").read_text())

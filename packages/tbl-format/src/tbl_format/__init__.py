@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .dataset import Dataset, open
+from .dataset import DEFAULT_MAX_OPEN, Dataset, open
 from .errors import (
     BadMagicError,
     CompressionUnavailableError,
@@ -28,6 +28,7 @@ from .errors import (
 )
 from .layout import FORMAT_VERSION
 from .manifest import merge_manifests
+from .parallel import write_parallel
 from .schema import LEAF_KINDS, Leaf, Schema, infer_schema
 from .writer import Writer, write
 
@@ -37,6 +38,7 @@ __all__ = [
     "BadMagicError",
     "CompressionUnavailableError",
     "CorruptDataError",
+    "DEFAULT_MAX_OPEN",
     "DataChecksumError",
     "Dataset",
     "DatasetChangedError",
@@ -66,4 +68,5 @@ __all__ = [
     "merge_manifests",
     "open",
     "write",
+    "write_parallel",
 ]

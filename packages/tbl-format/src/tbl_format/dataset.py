@@ -8,6 +8,8 @@ view from ``segments()`` keeps its map alive until the view dies.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 from bisect import bisect_right
@@ -19,15 +21,17 @@ from typing import Any
 
 from .errors import DatasetChangedError, ManifestMismatchError
 from .manifest import read_manifest
+from .opener import open_file
 from .schema import Schema
-from .shard import Progress, Shard, check_rows, fixed_leaf, open_file
+from .shard import Progress, Shard, check_rows, fixed_leaf
 
+#: Shard files a dataset maps at once by default (each costs one file descriptor and one mapping).
 DEFAULT_MAX_OPEN = 64
 # In-order iteration decodes this many bytes' worth of rows per column batch.
 _CHUNK_BYTES = 4 << 20
 _CHUNK_MAX_ROWS = 4096
 
-__all__ = ["Dataset", "open"]
+__all__ = ["DEFAULT_MAX_OPEN", "Dataset", "open"]
 
 
 def open(path: str | os.PathLike[str], *, verify: bool = False, max_open: int = DEFAULT_MAX_OPEN) -> Dataset:
@@ -45,7 +49,7 @@ class Dataset:
     """Rows of a dataset as sample pytrees. Build with ``tbl_format.open``.
 
     ``len(ds)``; ``ds[i]``; ``ds.values(leaf, rows)``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
-    ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.segment_rows``;
+    ``ds.fingerprint``; ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.present_segments(leaf)``; ``ds.segment_rows``;
     ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.close()``. Pickling keeps the path and the schema
     fingerprint; the unpickled copy maps the files again on first use and
     raises DatasetChangedError if the schema changed meanwhile.
@@ -95,6 +99,7 @@ class Dataset:
             self._starts.append(total)
             total += r
         self._len = total
+        self._fingerprint: str | None = None
         self._get = self._shards[0].get if self._single else self._get_multi
         self._opened = True
         if self._verify_at_open and not self._single:
@@ -216,6 +221,28 @@ class Dataset:
         return self._metadata
 
     @property
+    def fingerprint(self) -> str:
+        """32 hex digits naming this dataset's contents, from the header and manifest alone (nothing is read).
+
+        SHA-256 of the canonical JSON of the row count, the rows per shard, every
+        shard's header CRC-32 (which covers the shard's schema, metadata and table
+        checksums), the schema fingerprint and the metadata. Loaders record it in
+        their state dicts to refuse resuming on another dataset.
+        """
+        self._ensure()
+        if self._fingerprint is None:
+            body = {
+                "rows": self._len,
+                "segment_rows": list(self._rows_per),
+                "shard_headers": [entry["header_crc32"] for entry in self._entries],
+                "schema": self._schema.fingerprint,
+                "metadata": self._metadata,
+            }
+            text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+            self._fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+        return self._fingerprint
+
+    @property
     def leaf_paths(self) -> list[str]:
         return list(self.schema.leaves)
 
@@ -246,6 +273,15 @@ class Dataset:
         """Zero-copy (rows, *shape) column views of a fixed-size leaf, one per shard file."""
         fixed_leaf(self.schema, leaf_path)
         return [self._shard(k).column(leaf_path) for k in range(len(self._entries))]
+
+    def present_segments(self, leaf_path: str) -> list[Any]:
+        """Zero-copy (rows,) presence views of an optional leaf, one per shard file (nonzero: a value is stored)."""
+        leaf = self.schema.leaves.get(leaf_path)
+        if leaf is None:
+            raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(self.schema.leaves)}")
+        if not leaf.optional:
+            raise ValueError(f"leaf {leaf_path!r} is not optional: every row holds a value")
+        return [self._shard(k).present(leaf_path) for k in range(len(self._entries))]
 
     def shard(self, k: int) -> Shard:
         """The k-th shard file (opened if needed)."""

@@ -20,7 +20,7 @@ class BadMagicError(FormatError):
 
 
 class UnsupportedVersionError(FormatError):
-    """The file's major format version is not one this reader knows."""
+    """The file's major format version is not one this reader knows, or a newer minor uses a leaf kind or field it does not know."""
 
 
 class HeaderTooLargeError(FormatError):
@@ -87,6 +87,10 @@ class DatasetChangedError(FormatError):
     """A dataset reopened after unpickling no longer has the schema it was pickled with."""
 
 
+class V2LayoutError(FormatError, ValueError):
+    """A TurboLoader (TBL v2) RAW_U8 image column cannot be a zero-copy view: payloads are compressed or not back to back."""
+
+
 class SchemaMismatchError(ValueError):
     """A sample (or a dataset part being merged) does not match the schema.
 
@@ -115,8 +119,5 @@ __all__ = [
     "TruncatedFileError",
     "UnknownCodecError",
     "UnsupportedVersionError",
+    "V2LayoutError",
 ]
-
-
-class V2LayoutError(FormatError, ValueError):
-    """A TurboLoader v2 RAW_U8 image column cannot be a zero-copy view: payloads are compressed or not back to back."""

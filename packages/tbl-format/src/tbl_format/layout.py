@@ -5,8 +5,9 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"\x89TBL\r\n\x1a\n"
-#: (major, minor) written by this version. Readers accept any minor of a known major.
-FORMAT_VERSION = (1, 0)
+#: (major, minor) this version reads and writes at most. A file declares the lowest minor that has
+#: the leaf kinds and fields it uses (SPEC.md, "Version and stability").
+FORMAT_VERSION = (1, 1)
 #: magic, major u16, minor u16, header_len u32, file_size u64, header_crc32 u32, reserved u32.
 PREAMBLE = struct.Struct("<8sHHIQII")
 PREAMBLE_SIZE = PREAMBLE.size  # 32

@@ -15,6 +15,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import InvalidSchemaError, ManifestError, SchemaMismatchError, UnsupportedVersionError
+from .fsutil import fsync_dir
+from .opener import open_file
 from .schema import Schema
 
 MANIFEST_NAME = "manifest.json"
@@ -36,8 +38,6 @@ def _check_name(name: Any, where: str) -> str:
 
 def publish_manifest(directory: Path, schema: Schema, metadata: dict[str, Any], shards: list[dict[str, Any]]) -> None:
     """Atomically replace directory/manifest.json; then unlink the shards only the previous manifest listed."""
-    from .writer import fsync_dir
-
     previous: list[str] = []
     try:
         previous = [s["file"] for s in read_manifest(directory)["shards"]]
@@ -120,8 +120,6 @@ def _part_shards(part: Path) -> tuple[Schema, dict[str, Any], list[tuple[Path, d
     if part.is_dir():
         m = read_manifest(part)
         return m["schema"], m["metadata"], [(part / s["file"], s) for s in m["shards"]]
-    from .shard import open_file
-
     f = open_file(part)
     try:
         entry = {"file": part.name, "rows": f.rows, "header_crc32": f.header_crc32, "size": part.stat().st_size}
@@ -139,8 +137,6 @@ def merge_manifests(parts: list[str | os.PathLike[str]], dst: str | os.PathLike[
     (SchemaMismatchError names the first part that differs). dst must not
     already hold a manifest. Returns dst.
     """
-    from .writer import fsync_dir
-
     dst = Path(dst)
     if not parts:
         raise ValueError("merge_manifests needs at least one part")

@@ -24,6 +24,7 @@ import os
 import struct
 import sys
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
 from operator import index as _index
@@ -32,6 +33,7 @@ from typing import Any
 
 from .codec import load_lz4_block
 from .errors import (
+    BadMagicError,
     CorruptDataError,
     DataChecksumError,
     HeaderChecksumError,
@@ -50,6 +52,11 @@ from .layout import ALIGN, FORMAT_VERSION, HEADER_CAP, MAGIC, PREAMBLE, PREAMBLE
 from .schema import Leaf, Schema
 from .shard import Progress, Shard, check_rows, fixed_leaf, map_file, release_map
 
+try:
+    import numpy as _np
+except ImportError:  # column views are memoryviews then
+    _np = None
+
 _U64 = struct.Struct("<Q")
 _U64X2 = struct.Struct("<QQ")
 _MAX_CODEC_BLOCK = 16 << 20
@@ -57,15 +64,12 @@ _MAX_CODEC_BLOCK = 16 << 20
 _DECODE_ERRORS = (struct.error, UnicodeDecodeError, ValueError, TypeError, OverflowError, MemoryError, IndexError)
 _LITTLE = sys.byteorder == "little"
 
-__all__ = ["MAGIC", "TblFile"]
+__all__ = ["MAGIC", "Column", "Region", "TblFile"]
 
 
 def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy
+    """numpy, or None when it is not installed (tests hide it by replacing this function)."""
+    return _np
 
 
 def _get(obj: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
@@ -84,20 +88,47 @@ def _nonneg(obj: Any, key: str, where: str) -> int:
     return v
 
 
-class _Region:
-    __slots__ = ("first_block", "name", "offset", "size")
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One validated region of the file: ``size`` bytes at ``offset``, block checksums from ``first_block``."""
 
-    def __init__(self, name: str, offset: int, size: int, first_block: int) -> None:
-        self.name = name
-        self.offset = offset
-        self.size = size
-        self.first_block = first_block
+    name: str
+    offset: int
+    size: int
+    first_block: int
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One leaf's validated regions (SPEC.md, "Columns"); the ones its kind does not use are None."""
+
+    path: str
+    leaf: Leaf
+    data: Region | None = None  # fixed-size leaves
+    offsets: Region | None = None  # variable-size leaves
+    heap: Region | None = None
+    shapes: Region | None = None  # var_array
+    items: Region | None = None  # var_list of str
+    index: Region | None = None  # LZ4-compressed heap
+    present: Region | None = None  # optional leaves
+    #: (codec, block, raw_size) of a compressed heap, else None
+    compression: tuple[str, int, int] | None = None
+    #: bytes of the logical (uncompressed) heap
+    logical: int = 0
+    #: var_list: items in all rows (``offsets[N]``)
+    count: int = 0
+
+    @property
+    def regions(self) -> list[Region]:
+        """The column's regions in header order (SPEC.md): every block of them is checksummed."""
+        regs = (self.data, self.offsets, self.heap, self.index, self.shapes, self.items, self.present)
+        return [r for r in regs if r is not None]
 
 
 class _Lz4Heap:
     """Reads logical byte ranges of an LZ4 block-compressed heap; caches the last block."""
 
-    def __init__(self, f: TblFile, path: str, heap: _Region, index: _Region, block: int, raw_size: int) -> None:
+    def __init__(self, f: TblFile, path: str, heap: Region, index: Region, block: int, raw_size: int) -> None:
         self.lz4 = load_lz4_block()
         self.mm = f._mm
         self.where = f"{f.path}: leaf {path!r}"
@@ -166,6 +197,22 @@ def _slice_bytes(mm: Any, h: int, offs: list[int]) -> list[bytes]:
     return [blob[s - base : e - base] for s, e in pairwise(offs)]
 
 
+def _mapped_reader(mm: Any, h: int) -> Any:
+    """(s, e) -> bytes s..e-1 of an uncompressed heap at h (the interface of _Lz4Heap.read)."""
+    return lambda s, e: mm[h + s : h + e]
+
+
+def _str_items(read: Any, offs: list[int], limit: int, where: str) -> list[str]:
+    """The str items whose byte offsets (into a heap read by ``read``) are offs, checked against the heap size."""
+    _check_run(offs, limit, where)
+    base = offs[0]
+    blob = read(base, offs[-1])
+    if blob.isascii():
+        text = blob.decode("ascii")
+        return [text[s - base : e - base] for s, e in pairwise(offs)]
+    return [blob[s - base : e - base].decode("utf-8") for s, e in pairwise(offs)]
+
+
 def _check_run(offs: list[int], limit: int, where: str) -> None:
     """offs must be non-decreasing and end at or below limit (C-speed check via sorted)."""
     if offs[-1] > limit or offs != sorted(offs):
@@ -196,8 +243,6 @@ class TblFile(Shard):
         where = str(self.path)
         magic, major, minor, hlen, fsize, crc, _reserved = PREAMBLE.unpack_from(mm, 0)
         if magic != MAGIC:
-            from .errors import BadMagicError
-
             raise BadMagicError(f"{where}: not a .tbl file (magic {magic!r})")
         if major != FORMAT_VERSION[0]:
             raise UnsupportedVersionError(
@@ -229,10 +274,7 @@ class TblFile(Shard):
         if bs < ALIGN or bs > 1 << 30 or bs & (bs - 1):
             raise HeaderFormatError(f"{where}: block_size {bs} is not a power of two in [4096, 2**30]")
         self.block_size = bs
-        try:
-            self.schema = Schema.from_json(_get(header, "schema", dict, where))
-        except InvalidSchemaError as exc:
-            raise InvalidSchemaError(f"{where}: {exc}") from None
+        self.schema = self._schema(_get(header, "schema", dict, where), minor, where)
         self.metadata = _get(header, "metadata", dict, where)
         self._mv = memoryview(mm)
 
@@ -247,24 +289,44 @@ class TblFile(Shard):
         leaves = list(self.schema.leaves.items())
         if len(cols) != len(leaves):
             raise HeaderFormatError(f"{where}: {len(cols)} columns for {len(leaves)} schema leaves")
-        self._cols: dict[str, dict[str, Any]] = {}
+        self._cols: dict[str, Column] = {}
         spans = [(self._crc_table.offset, self._crc_table.size)]
         for col, (path, leaf) in zip(cols, leaves, strict=True):
             cw = f"{where}: leaf {path!r}"
             if _get(col, "path", str, cw) != path:
                 raise HeaderFormatError(f"{cw}: column path {col['path']!r} does not follow schema order")
-            info = self._column(col, leaf, data_start, size, cw)
-            self._cols[path] = info
-            spans.extend((r.offset, r.size) for r in info["regions"].values())
+            column = self._column(col, path, leaf, data_start, size, cw)
+            self._cols[path] = column
+            spans.extend((r.offset, r.size) for r in column.regions)
         spans.sort()
         for (a, n), (b, _) in pairwise(spans):
             if a + n > b:
                 raise RegionBoundsError(f"{where}: regions at {a} and {b} overlap")
         self._build_accessors()
 
+    @staticmethod
+    def _schema(obj: Any, minor: int, where: str) -> Schema:
+        """The header's schema, checked against the file's minor version (SPEC.md, "Version and stability")."""
+        try:
+            schema = Schema.from_json(obj)
+        except InvalidSchemaError as exc:
+            if minor > FORMAT_VERSION[1]:
+                # A newer minor may add leaf kinds and fields; this reader must not guess what they mean.
+                raise UnsupportedVersionError(
+                    f"{where}: format version 1.{minor} uses what this reader (1.{FORMAT_VERSION[1]}) does not know: "
+                    f"{exc}"
+                ) from None
+            raise InvalidSchemaError(f"{where}: {exc}") from None
+        if schema.minor > minor:
+            raise InvalidSchemaError(
+                f"{where}: the schema needs format 1.{schema.minor} (leaf kinds or fields added then), "
+                f"the file declares 1.{minor}"
+            )
+        return schema
+
     def _region(
         self, name: str, obj: Any, data_start: int, size: int, where: str, *, table: bool, blocks: bool = True
-    ) -> _Region:
+    ) -> Region:
         """Validate one region object against the file; CRC-check it now if it is a table."""
         w = f"{where}: region {name!r}"
         off = _nonneg(obj, "offset", w)
@@ -278,32 +340,46 @@ class TblFile(Shard):
             first = _nonneg(obj, "first_block", w)
             if first + -(-length // self.block_size) > self.n_blocks:
                 raise RegionBoundsError(f"{w}: block checksums {first}.. lie outside the checksum table")
-        region = _Region(name, off, length, first)
+        region = Region(name, off, length, first)
         if table:
             want = _nonneg(obj, "crc32", w)
             if zlib.crc32(memoryview(self._mm)[off : off + length]) != want:
                 raise TableChecksumError(f"{w}: CRC-32 mismatch")
         return region
 
-    def _column(self, col: dict[str, Any], leaf: Leaf, data_start: int, size: int, where: str) -> dict[str, Any]:
+    def _u64(self, offset: int) -> int:
+        return _U64.unpack_from(self._mm, offset)[0]
+
+    def _span(self, table: Region, first: int, last: int, what: str, where: str) -> None:
+        """A u64 table must start at ``first`` and end at ``last`` (its other entries are checked on access)."""
+        a, b = self._u64(table.offset), self._u64(table.offset + table.size - 8)
+        if a != first or b != last:
+            raise OffsetsError(f"{where}: {what} span [{a}, {b}], expected [{first}, {last}]")
+
+    def _column(self, col: dict[str, Any], path: str, leaf: Leaf, data_start: int, size: int, where: str) -> Column:
         regions = _get(col, "regions", dict, where)
         rows = self.rows
 
-        def region(name: str, table: bool) -> _Region:
+        def region(name: str, table: bool) -> Region:
             return self._region(name, _get(regions, name, dict, where), data_start, size, where, table=table)
 
+        present = None
+        if leaf.optional:
+            present = region("present", False)
+            if present.size != rows:
+                raise RegionBoundsError(f"{where}: present has {present.size} bytes, expected {rows}")
         if leaf.fixed_size:
             data = region("data", False)
             if data.size != rows * leaf.row_bytes:
                 raise RegionBoundsError(f"{where}: data has {data.size} bytes, expected {rows} x {leaf.row_bytes}")
-            return {"leaf": leaf, "regions": {"data": data}, "compression": None}
+            return Column(path, leaf, data=data, present=present)
         offsets = region("offsets", True)
         heap = region("heap", False)
-        out: dict[str, Any] = {"leaf": leaf, "regions": {"offsets": offsets, "heap": heap}}
         if offsets.size != (rows + 1) * 8:
             raise RegionBoundsError(f"{where}: offsets have {offsets.size} bytes, expected {(rows + 1) * 8}")
         comp = col.get("compression")
         logical = heap.size
+        index = compression = None
         if comp is not None:
             codec = _get(comp, "codec", str, where)
             if codec != "lz4":
@@ -316,35 +392,39 @@ class TblFile(Shard):
             nblocks = -(-raw_size // block)
             if index.size != (nblocks + 1) * 8:
                 raise RegionBoundsError(f"{where}: compression index has {index.size} bytes, expected {(nblocks + 1) * 8}")
-            first, last = _U64.unpack_from(self._mm, index.offset)[0], _U64.unpack_from(self._mm, index.offset + index.size - 8)[0]
-            if first != 0 or last != heap.size:
-                raise OffsetsError(f"{where}: compression index spans [{first}, {last}], heap has {heap.size} bytes")
-            out["regions"]["index"] = index
+            self._span(index, 0, heap.size, "compression index", where)
             logical = raw_size
-            out["compression"] = (codec, block, raw_size)
+            compression = (codec, block, raw_size)
+        shapes = items = None
+        count = 0
+        if leaf.kind == "var_list":
+            # offsets count items; scalar items are packed in the heap, str items end at items[k + 1].
+            count = self._u64(offsets.offset + offsets.size - 8)
+            if leaf.item == "str":
+                items = region("items", True)
+                if items.size != (count + 1) * 8:
+                    raise RegionBoundsError(f"{where}: items have {items.size} bytes, expected {count} + 1 offsets")
+                self._span(items, 0, logical, "item offsets", where)
+            elif count * leaf.itemsize != logical:
+                raise OffsetsError(f"{where}: {count} items of {leaf.itemsize} bytes, heap has {logical} bytes")
+            self._span(offsets, 0, count, "offsets", where)
         else:
-            out["compression"] = None
-        first = _U64.unpack_from(self._mm, offsets.offset)[0]
-        last = _U64.unpack_from(self._mm, offsets.offset + offsets.size - 8)[0]
-        if first != 0 or last != logical:
-            raise OffsetsError(f"{where}: offsets span [{first}, {last}], heap has {logical} bytes")
-        out["logical"] = logical
+            self._span(offsets, 0, logical, "offsets", where)
         if leaf.kind == "var_array":
             shapes = region("shapes", True)
             if shapes.size != rows * leaf.ndim * 8:
                 raise RegionBoundsError(f"{where}: shapes have {shapes.size} bytes, expected {rows * leaf.ndim * 8}")
-            out["regions"]["shapes"] = shapes
-        return out
+        return Column(path, leaf, offsets=offsets, heap=heap, shapes=shapes, items=items, index=index,
+                      present=present, compression=compression, logical=logical, count=count)
 
     # ---- accessors ------------------------------------------------------------------------------
-    def _fixed_view(self, path: str) -> Any:
-        info = self._cols[path]
-        leaf: Leaf = info["leaf"]
-        data: _Region = info["regions"]["data"]
+    def _fixed_view(self, col: Column) -> Any:
+        leaf = col.leaf
+        data = col.data
         np = _numpy()
         shape = (self.rows, *leaf.row_shape)
         if np is not None:
-            dtype = np.dtype({"int": "int64", "float": "float64", "bool": "bool"}.get(leaf.kind, leaf.dtype))
+            dtype = np.dtype(leaf.spec.numpy or leaf.dtype)
             count = data.size // dtype.itemsize
             return np.frombuffer(self._mm, dtype=dtype.newbyteorder("<"), count=count, offset=data.offset).reshape(shape)
         fmt = leaf.row_format
@@ -353,12 +433,28 @@ class TblFile(Shard):
         return view.cast(fmt) if 0 in shape else view.cast(fmt, shape)
 
     def column(self, leaf_path: str) -> Any:
-        """Zero-copy (rows, *shape) view of a fixed-size leaf: read-only numpy array, or memoryview without numpy."""
+        """Zero-copy (rows, *shape) view of a fixed-size leaf: read-only numpy array, or memoryview without numpy.
+
+        Rows of an optional leaf that hold None read as zeros here; ``present(leaf)`` tells them apart.
+        """
         fixed_leaf(self.schema, leaf_path)
         cache = self.__dict__.setdefault("_views", {})
         if leaf_path not in cache:
-            cache[leaf_path] = self._fixed_view(leaf_path)
+            cache[leaf_path] = self._fixed_view(self._cols[leaf_path])
         return cache[leaf_path]
+
+    def present(self, leaf_path: str) -> Any:
+        """Zero-copy (rows,) bool view (uint8 memoryview without numpy) of an optional leaf: nonzero where a value is stored."""
+        col = self._cols.get(leaf_path)
+        if col is None:
+            raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(self._cols)}")
+        if col.present is None:
+            raise ValueError(f"leaf {leaf_path!r} is not optional: every row holds a value")
+        r = col.present
+        np = _numpy()
+        if np is not None:
+            return np.frombuffer(self._mm, dtype=np.bool_, count=r.size, offset=r.offset)
+        return self._mv[r.offset : r.offset + r.size]
 
     def values(self, leaf_path: str, rows: list[int]) -> list[Any]:
         """Leaf ``leaf_path`` of each of ``rows`` (ints in ``[0, rows)``), each as ``get`` returns it.
@@ -368,93 +464,25 @@ class TblFile(Shard):
         """
         if self._mm is None:
             raise ValueError(f"{self.path}: read from a closed file")
-        readers = self.__dict__.setdefault("_value_readers", {})
-        read = readers.get(leaf_path)
+        read = self._value_readers.get(leaf_path)
         if read is None:
-            if leaf_path not in self._cols:
-                raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(self._cols)}")
-            read = readers[leaf_path] = self._value_reader(leaf_path)
+            raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(self._cols)}")
         check_rows(rows, self.rows)
-        try:
-            return read(rows)
-        except _DECODE_ERRORS as exc:
-            raise CorruptDataError(f"{self.path}: leaf {leaf_path!r}: {exc!r}") from None
+        return read(rows)
 
-    def _value_reader(self, path: str) -> Any:
-        """Function (rows) -> list of one leaf's values; rows already checked. Holds the map, never self."""
-        info = self._cols[path]
-        leaf: Leaf = info["leaf"]
-        regs = info["regions"]
-        mm = self._mm
-        if leaf.fixed_size:
-            b = regs["data"].offset
-            if leaf.kind in ("int", "float"):
-                unpack = struct.Struct("<q" if leaf.kind == "int" else "<d").unpack_from
-                return lambda rows: [unpack(mm, b + i * 8)[0] for i in rows]
-            if leaf.kind == "bool":
-                return lambda rows: [mm[b + i] != 0 for i in rows]
-            if _numpy() is not None:
-                col = self.column(path)
-                return lambda rows: [col[i] for i in rows]
-            # memoryview rows cast to the element format and shape, as get() returns them.
-            mv, size = self._mv, leaf.row_bytes
-            fmt = "H" if leaf.row_format == "e" else leaf.row_format
-            if 0 in leaf.row_shape:
-                return lambda rows: [mv[b + i * size : b + (i + 1) * size].cast(fmt) for i in rows]
-            shape = list(leaf.row_shape)
-            return lambda rows: [mv[b + i * size : b + (i + 1) * size].cast(fmt, shape) for i in rows]
-        o, h, limit = regs["offsets"].offset, regs["heap"].offset, info["logical"]
-        where = f"{self.path}: leaf {path!r}"
-        heap_read = None
-        if info["compression"] is not None:
-            _, block, raw_size = info["compression"]
-            heap_read = _Lz4Heap(self, path, regs["heap"], regs["index"], block, raw_size).read
-
-        def spans(rows: list[int]) -> list[tuple[int, int, int]]:
-            out = []
-            for i in rows:
-                s, e = _U64X2.unpack_from(mm, o + i * 8)
-                if not s <= e <= limit:
-                    raise OffsetsError(f"{where}: row {i}: offsets out of order")
-                out.append((i, s, e))
-            return out
-
-        if leaf.kind == "var_array":
-            array_at = self._var_array_reader(path, info, heap_read)
-            return lambda rows: [array_at(i, s, e) for i, s, e in spans(rows)]
-        if heap_read is not None:
-            if leaf.kind == "str":
-                return lambda rows: [heap_read(s, e).decode() for _, s, e in spans(rows)]
-            return lambda rows: [heap_read(s, e) for _, s, e in spans(rows)]
-        # Uncompressed str / bytes, the common case: one loop, no intermediate spans.
-        unpack = _U64X2.unpack_from
-        decode = leaf.kind == "str"
-
-        def read_heap(rows: list[int]) -> list[Any]:
-            out = []
-            append = out.append
-            for i in rows:
-                s, e = unpack(mm, o + i * 8)
-                if not s <= e <= limit:
-                    raise OffsetsError(f"{where}: row {i}: offsets out of order")
-                append(mm[h + s : h + e].decode() if decode else mm[h + s : h + e])
-            return out
-
-        return read_heap
-
-    def _var_array_reader(self, path: str, info: dict[str, Any], heap_read: Any) -> Any:
+    def _var_array_reader(self, col: Column, heap_read: Any) -> Any:
         """Function (i, s, e) -> array of row i of a var_array leaf."""
-        leaf: Leaf = info["leaf"]
-        shapes_off = info["regions"]["shapes"].offset
+        leaf = col.leaf
+        shapes_off = col.shapes.offset
         ndim = leaf.ndim
         shape_of = struct.Struct(f"<{ndim}Q").unpack_from
         itemsize = leaf.itemsize
         np = _numpy()
         mm, mv = self._mm, self._mv  # not self: the accessors must not form a cycle with this file
-        h = info["regions"]["heap"].offset
+        h = col.heap.offset
         fmt = "H" if leaf.row_format == "e" else leaf.row_format
         dtype = np.dtype(leaf.dtype).newbyteorder("<") if np is not None else None
-        where = f"{self.path}: leaf {path!r}"
+        where = f"{self.path}: leaf {col.path!r}"
 
         def read(i: int, s: int, e: int) -> Any:
             shape = shape_of(mm, shapes_off + i * 8 * ndim)
@@ -477,75 +505,47 @@ class TblFile(Shard):
         return read
 
     def _build_accessors(self) -> None:
-        """Generate get(i) and read_range(a, b) for this file's schema."""
+        """Generate get(i), read_range(a, b) and one values(rows) reader per leaf for this file's schema.
+
+        Each leaf contributes the statements that compute its value ``v<k>`` of row ``i`` (used by
+        ``get`` and by the leaf's own ``values`` reader) and those that compute the list ``L<k>`` of
+        its values of rows ``a..b-1`` (used by ``read_range``).
+        """
         np = _numpy()
         ns: dict[str, Any] = {
             "mm": self._mm, "mv": self._mv, "N": self.rows, "QQ": _U64X2.unpack_from, "_index": _index,
             "IndexError": IndexError, "OffsetsError": OffsetsError, "CorruptDataError": CorruptDataError,
             "DECODE_ERRORS": _DECODE_ERRORS, "WHERE": str(self.path), "_decode_strs": _decode_strs,
-            "_slice_bytes": _slice_bytes, "_check_run": _check_run, "range": range, "zip": zip, "list": list,
+            "_slice_bytes": _slice_bytes, "_check_run": _check_run, "_str_items": _str_items,
+            "range": range, "zip": zip, "list": list, "memoryview": memoryview, "pairwise": pairwise,
         }
         get_pre: list[str] = []
         names: dict[str, str] = {}
         range_pre: list[str] = []
-        for k, (path, info) in enumerate(self._cols.items()):
-            leaf: Leaf = info["leaf"]
-            regs = info["regions"]
-            v = f"v{k}"
-            names[path] = v
+        leaf_sources: list[str] = []
+        for k, (path, col) in enumerate(self._cols.items()):
             ns[f"P{k}"] = path
-            if leaf.fixed_size:
-                b = regs["data"].offset
-                ns[f"b{k}"] = b
-                if leaf.kind in ("int", "float"):
-                    ns[f"U{k}"] = struct.Struct("<q" if leaf.kind == "int" else "<d").unpack_from
-                    get_pre.append(f"{v} = U{k}(mm, b{k} + i * 8)[0]")
-                    range_pre.append(f"L{k} = mv[b{k} + a * 8:b{k} + b * 8].cast({leaf.row_format!r}).tolist()")
-                elif leaf.kind == "bool":
-                    get_pre.append(f"{v} = mm[b{k} + i] != 0")
-                    range_pre.append(f"L{k} = [x != 0 for x in mm[b{k} + a:b{k} + b]]")
-                else:
-                    col = self.column(path)
-                    ns[f"C{k}"] = col
-                    if np is not None:
-                        get_pre.append(f"{v} = C{k}[i]")
-                        range_pre.append(f"L{k} = list(C{k}[a:b])")
-                    else:
-                        ns[f"R{k}"] = leaf.row_bytes
-                        fmt = "H" if leaf.row_format == "e" else leaf.row_format
-                        shape = leaf.row_shape
-                        cast = f".cast({fmt!r})" if 0 in shape else f".cast({fmt!r}, {list(shape)!r})"
-                        # Evaluated in a copy of ns so the lambda and ns do not reference each other.
-                        ns[f"ROW{k}"] = eval(f"lambda i: mv[b{k} + i * R{k}:b{k} + (i + 1) * R{k}]{cast}", dict(ns))
-                        get_pre.append(f"{v} = ROW{k}(i)")
-                        range_pre.append(f"L{k} = [ROW{k}(j) for j in range(a, b)]")
-                continue
-            o, h = regs["offsets"].offset, regs["heap"].offset
-            ns[f"o{k}"], ns[f"h{k}"], ns[f"H{k}"] = o, h, info["logical"]
-            get_pre.append(f"s{k}, e{k} = QQ(mm, o{k} + i * 8)")
-            get_pre.append(f"if not s{k} <= e{k} <= H{k}: raise OffsetsError(f'{{WHERE}}: leaf {{P{k}!r}}: row {{i}}: offsets out of order')")
-            heap_read = None
-            if info["compression"] is not None:
-                _, block, raw_size = info["compression"]
-                heap_read = _Lz4Heap(self, path, regs["heap"], regs["index"], block, raw_size).read
-                ns[f"Z{k}"] = heap_read
-            range_pre.append(f"O{k} = mv[o{k} + a * 8:o{k} + b * 8 + 8].cast('Q').tolist()")
-            range_pre.append(f"_check_run(O{k}, H{k}, WHERE)")
-            if leaf.kind == "var_array":
-                ns[f"VA{k}"] = self._var_array_reader(path, info, heap_read)
-                get_pre.append(f"{v} = VA{k}(i, s{k}, e{k})")
-                range_pre.append(f"L{k} = [VA{k}(a + j, s, e) for j, (s, e) in enumerate(zip(O{k}, O{k}[1:]))]")
-                continue
-            raw = f"Z{k}(s{k}, e{k})" if heap_read else f"mm[h{k} + s{k}:h{k} + e{k}]"
-            # bytes.decode() is about twice as fast as str(b, 'utf-8') on CPython 3.11.
-            get_pre.append(f"{v} = {raw}.decode()" if leaf.kind == "str" else f"{v} = {raw}")
-            if heap_read:
-                conv = "Z{k}(s, e).decode()" if leaf.kind == "str" else "Z{k}(s, e)"
-                range_pre.append(f"L{k} = [{conv.format(k=k)} for s, e in zip(O{k}, O{k}[1:])]")
-            elif leaf.kind == "str":
-                range_pre.append(f"L{k} = _decode_strs(mm, h{k}, O{k})")
-            else:
-                range_pre.append(f"L{k} = _slice_bytes(mm, h{k}, O{k})")
+            names[path] = f"v{k}"
+            get_lines, range_lines = self._leaf_code(k, col, ns, np)
+            if col.present is not None:
+                ns[f"p{k}"] = col.present.offset
+                get_lines.append(f"if not mm[p{k} + i]: v{k} = None")
+                range_lines.append(f"L{k} = [x if f else None for x, f in zip(L{k}, mm[p{k} + a:p{k} + b])]")
+            get_pre.extend(get_lines)
+            range_pre.extend(range_lines)
+            body = "\n            ".join(get_lines)
+            leaf_sources.append(f"""
+def values{k}(rows):
+    out = []
+    append = out.append
+    try:
+        for i in rows:
+            {body}
+            append(v{k})
+    except DECODE_ERRORS as exc:
+        raise CorruptDataError(f"{{WHERE}}: leaf {{P{k}!r}}: {{exc!r}}") from None
+    return out
+""")
 
         def expr(node: Any, prefix: str) -> str:
             if isinstance(node, Leaf):
@@ -588,20 +588,104 @@ def read_range(a, b):
         return [{tree} {loop}]
     except DECODE_ERRORS as exc:
         raise CorruptDataError(f"{{WHERE}}: rows [{{a}}, {{b}}): {{exc!r}}") from None
-"""
+""" + "".join(leaf_sources)
         exec(_compile_accessor(src), ns)
         # Popped, not read: a function left in its own globals is a reference cycle, and
         # a cycle would keep the map (and its file descriptor) alive until the cyclic GC runs.
         self.get = ns.pop("get")
         self.read_range = ns.pop("read_range")
+        self._value_readers = {path: ns.pop(f"values{k}") for k, path in enumerate(self._cols)}
         self._source = src
+
+    def _leaf_code(self, k: int, col: Column, ns: dict[str, Any], np: Any) -> tuple[list[str], list[str]]:
+        """(statements computing v<k> of row i, statements computing L<k> of rows a..b-1) for one leaf."""
+        leaf = col.leaf
+        spec = leaf.spec
+        v = f"v{k}"
+        if leaf.kind == "none":
+            return [f"{v} = None"], [f"L{k} = [None] * (b - a)"]
+        if leaf.fixed_size:
+            ns[f"b{k}"] = col.data.offset
+            if spec.scalar in ("q", "d"):
+                ns[f"U{k}"] = struct.Struct("<" + spec.scalar).unpack_from
+                return ([f"{v} = U{k}(mm, b{k} + i * 8)[0]"],
+                        [f"L{k} = mv[b{k} + a * 8:b{k} + b * 8].cast({spec.scalar!r}).tolist()"])
+            if spec.scalar == "?":
+                return [f"{v} = mm[b{k} + i] != 0"], [f"L{k} = [x != 0 for x in mm[b{k} + a:b{k} + b]]"]
+            ns[f"C{k}"] = self._fixed_view(col)
+            if np is not None:
+                return [f"{v} = C{k}[i]"], [f"L{k} = list(C{k}[a:b])"]
+            ns[f"R{k}"] = leaf.row_bytes
+            fmt = "H" if leaf.row_format == "e" else leaf.row_format
+            shape = leaf.row_shape
+            cast = f".cast({fmt!r})" if 0 in shape else f".cast({fmt!r}, {list(shape)!r})"
+            # Evaluated in a copy of ns so the lambda and ns do not reference each other.
+            ns[f"ROW{k}"] = eval(f"lambda i: mv[b{k} + i * R{k}:b{k} + (i + 1) * R{k}]{cast}", dict(ns))
+            return [f"{v} = ROW{k}(i)"], [f"L{k} = [ROW{k}(j) for j in range(a, b)]"]
+        ns[f"o{k}"], ns[f"h{k}"] = col.offsets.offset, col.heap.offset
+        ns[f"H{k}"] = col.count if leaf.kind == "var_list" else col.logical
+        get_lines = [
+            f"s{k}, e{k} = QQ(mm, o{k} + i * 8)",
+            f"if not s{k} <= e{k} <= H{k}: raise OffsetsError(f'{{WHERE}}: leaf {{P{k}!r}}: row {{i}}: offsets out of order')",
+        ]
+        range_lines = [f"O{k} = mv[o{k} + a * 8:o{k} + b * 8 + 8].cast('Q').tolist()", f"_check_run(O{k}, H{k}, WHERE)"]
+        heap_read = None
+        if col.compression is not None:
+            _, block, raw_size = col.compression
+            heap_read = _Lz4Heap(self, col.path, col.heap, col.index, block, raw_size).read
+            ns[f"Z{k}"] = heap_read
+        if leaf.kind == "var_array":
+            ns[f"VA{k}"] = self._var_array_reader(col, heap_read)
+            get_lines.append(f"{v} = VA{k}(i, s{k}, e{k})")
+            range_lines.append(f"L{k} = [VA{k}(a + j, s, e) for j, (s, e) in enumerate(zip(O{k}, O{k}[1:]))]")
+            return get_lines, range_lines
+        if leaf.kind == "var_list":
+            return self._list_code(k, col, ns, heap_read, get_lines, range_lines)
+        raw = f"Z{k}(s{k}, e{k})" if heap_read else f"mm[h{k} + s{k}:h{k} + e{k}]"
+        # bytes.decode() is about twice as fast as str(b, 'utf-8') on CPython 3.11.
+        get_lines.append(f"{v} = {raw}.decode()" if leaf.kind == "str" else f"{v} = {raw}")
+        if heap_read:
+            conv = f"Z{k}(s, e).decode()" if leaf.kind == "str" else f"Z{k}(s, e)"
+            range_lines.append(f"L{k} = [{conv} for s, e in zip(O{k}, O{k}[1:])]")
+        elif leaf.kind == "str":
+            range_lines.append(f"L{k} = _decode_strs(mm, h{k}, O{k})")
+        else:
+            range_lines.append(f"L{k} = _slice_bytes(mm, h{k}, O{k})")
+        return get_lines, range_lines
+
+    def _list_code(self, k: int, col: Column, ns: dict[str, Any], heap_read: Any, get_lines: list[str],
+                   range_lines: list[str]) -> tuple[list[str], list[str]]:
+        """var_list: row i holds items offsets[i]..offsets[i+1]-1 (SPEC.md, "Columns")."""
+        leaf = col.leaf
+        v = f"v{k}"
+        if leaf.item == "str":
+            ns[f"I{k}"] = col.items.offset
+            ns[f"G{k}"] = heap_read if heap_read is not None else _mapped_reader(self._mm, col.heap.offset)
+            ns[f"HL{k}"] = col.logical
+            get_lines.append(f"{v} = _str_items(G{k}, mv[I{k} + s{k} * 8:I{k} + e{k} * 8 + 8].cast('Q').tolist(), HL{k}, WHERE)")
+            range_lines.append(f"T{k} = _str_items(G{k}, mv[I{k} + O{k}[0] * 8:I{k} + O{k}[-1] * 8 + 8].cast('Q').tolist(), HL{k}, WHERE)")
+            range_lines.append(f"L{k} = [T{k}[s - O{k}[0]:e - O{k}[0]] for s, e in pairwise(O{k})]")
+            return get_lines, range_lines
+        size = leaf.itemsize
+        fmt = "B" if leaf.item == "bool" else leaf.row_format
+        conv = "[x != 0 for x in {}]" if leaf.item == "bool" else "{}"
+        if heap_read is not None:
+            raw = f"memoryview(Z{k}(s{k} * {size}, e{k} * {size})).cast({fmt!r}).tolist()"
+            whole = f"memoryview(Z{k}(O{k}[0] * {size}, O{k}[-1] * {size})).cast({fmt!r}).tolist()"
+        else:
+            raw = f"mv[h{k} + s{k} * {size}:h{k} + e{k} * {size}].cast({fmt!r}).tolist()"
+            whole = f"mv[h{k} + O{k}[0] * {size}:h{k} + O{k}[-1] * {size}].cast({fmt!r}).tolist()"
+        get_lines.append(f"{v} = {conv.format(raw)}")
+        range_lines.append(f"T{k} = {conv.format(whole)}")
+        range_lines.append(f"L{k} = [T{k}[s - O{k}[0]:e - O{k}[0]] for s, e in pairwise(O{k})]")
+        return get_lines, range_lines
 
     # ---- verification ---------------------------------------------------------------------------
     def verify(self, progress: Progress | None = None) -> None:
-        """Check every data-block CRC-32, then every offsets table and var_array shape in full."""
+        """Check every data-block CRC-32, then every offsets table, item table and var_array shape in full."""
         mv = self._mv
         crc_of = struct.Struct(f"<{self.n_blocks}I").unpack_from(self._mm, self._crc_table.offset)
-        regions = [(path, r) for path, info in self._cols.items() for r in info["regions"].values()]
+        regions = [(path, r) for path, col in self._cols.items() for r in col.regions]
         total = sum(r.size for _, r in regions)
         done = 0
         bs = self.block_size
@@ -616,16 +700,15 @@ def read_range(a, b):
                 done += n
                 if progress is not None:
                     progress(done, total)
-        for path, info in self._cols.items():
-            if info["leaf"].fixed_size:
+        for path, col in self._cols.items():
+            if col.offsets is None:
                 continue
             where = f"{self.path}: leaf {path!r}"
-            offs = info["regions"]["offsets"]
-            self._check_monotonic(offs.offset, self.rows + 1, where)
-            if "index" in info["regions"]:
-                idx = info["regions"]["index"]
-                self._check_monotonic(idx.offset, idx.size // 8, where + " compression index")
-            if info["leaf"].kind == "var_array" or info["compression"] is not None:
+            self._check_monotonic(col.offsets.offset, self.rows + 1, where)
+            for table in (col.index, col.items):
+                if table is not None:
+                    self._check_monotonic(table.offset, table.size // 8, f"{where} {table.name}")
+            if col.leaf.kind in ("var_array", "var_list") or col.compression is not None:
                 step = 4096
                 for a in range(0, self.rows, step):
                     self.read_range(a, min(self.rows, a + step))
@@ -646,15 +729,13 @@ def read_range(a, b):
     # ---- misc -----------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         cols = {}
-        for path, info in self._cols.items():
-            stored = sum(r.size for r in info["regions"].values())
-            d: dict[str, Any] = {"kind": info["leaf"].kind, "stored_bytes": stored, "raw_bytes": stored}
-            if info["compression"] is not None:
-                codec, _, raw_size = info["compression"]
+        for path, col in self._cols.items():
+            stored = sum(r.size for r in col.regions)
+            d: dict[str, Any] = {"kind": col.leaf.kind, "stored_bytes": stored, "raw_bytes": stored}
+            if col.compression is not None:
+                codec, _, raw_size = col.compression
                 d["compression"] = codec
-                d["raw_bytes"] = raw_size + info["regions"]["offsets"].size + (
-                    info["regions"]["shapes"].size if "shapes" in info["regions"] else 0
-                )
+                d["raw_bytes"] = stored - col.heap.size - col.index.size + raw_size
             cols[path] = d
         return {
             "format": f"tbl {self.version[0]}.{self.version[1]}",
@@ -666,7 +747,7 @@ def read_range(a, b):
     def close(self) -> None:
         """Drop this file's map. Views handed out earlier keep the map alive until they are gone."""
         self.__dict__.pop("_views", None)
-        self.__dict__.pop("_value_readers", None)
+        self._value_readers = {}
         path = self.path
 
         def closed(*args: Any) -> Any:

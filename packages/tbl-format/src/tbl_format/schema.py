@@ -15,31 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import InvalidSchemaError
+from .kinds import DTYPES, KINDS, LIST_ITEMS, as_array, dtype_name
 
-#: Every leaf kind. Fixed-size kinds are stored as contiguous columns, the others in a heap.
-LEAF_KINDS = ("array", "bool", "bytes", "encoded_image", "float", "image", "int", "str", "var_array")
-FIXED_KINDS = frozenset({"int", "float", "bool", "array", "image"})
-
-#: dtype name -> (struct / memoryview format character, item size). Stored little-endian.
-DTYPES: dict[str, tuple[str, int]] = {
-    "bool": ("?", 1),
-    "uint8": ("B", 1),
-    "int8": ("b", 1),
-    "uint16": ("H", 2),
-    "int16": ("h", 2),
-    "uint32": ("I", 4),
-    "int32": ("i", 4),
-    "uint64": ("Q", 8),
-    "int64": ("q", 8),
-    "float16": ("e", 2),
-    "float32": ("f", 4),
-    "float64": ("d", 8),
-}
+#: Every leaf kind (the rules of each are in ``tbl_format.kinds.KINDS``).
+LEAF_KINDS = tuple(sorted(KINDS))
+_LEAF_FIELDS = ("dtype", "shape", "ndim", "format", "item")
 
 # Dimensions and counts are bounded so that products stay far from any overflow
 # and a hostile header cannot ask for absurd shapes.
@@ -69,7 +53,11 @@ class Leaf:
     - ``"array"``: fixed-shape ndarray, needs ``dtype`` and ``shape``;
     - ``"var_array"``: variable-shape ndarray, needs ``dtype`` and ``ndim`` (>= 1);
     - ``"image"``: raw uint8 image, HWC, needs ``shape=(H, W, C)``; ``dtype`` is uint8;
-    - ``"encoded_image"``: encoded image bytes, needs ``format`` (e.g. ``"jpeg"``).
+    - ``"encoded_image"``: encoded image bytes, needs ``format`` (e.g. ``"jpeg"``);
+    - ``"var_list"``: a list of any length of ``item`` values (``"int"``, ``"float"``, ``"bool"`` or ``"str"``);
+    - ``"none"``: always None (a leaf no sample has given a value yet).
+
+    ``optional=True`` (any kind but ``none``): a row may hold None instead of a value.
     """
 
     kind: str
@@ -77,66 +65,78 @@ class Leaf:
     shape: tuple[int, ...] | None = None
     ndim: int | None = None
     format: str | None = None
+    item: str | None = None
+    optional: bool = False
 
     def __post_init__(self) -> None:
         kind = self.kind
-        if kind not in LEAF_KINDS:
+        spec = KINDS.get(kind) if isinstance(kind, str) else None
+        if spec is None:
             raise InvalidSchemaError(f"unknown leaf kind {kind!r}; expected one of {LEAF_KINDS}")
         if kind == "image":
             if self.dtype not in (None, "uint8"):
                 raise InvalidSchemaError(f"image leaves are uint8, got dtype {self.dtype!r}")
             object.__setattr__(self, "dtype", "uint8")
-        if kind in ("array", "var_array", "image"):
-            if self.dtype not in DTYPES:
-                raise InvalidSchemaError(f"{kind} leaf: dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        elif self.dtype is not None:
-            raise InvalidSchemaError(f"{kind} leaf takes no dtype")
-        if kind in ("array", "image"):
+        for name in _LEAF_FIELDS:
+            if name not in spec.fields and getattr(self, name) is not None and not (kind == "image" and name == "dtype"):
+                raise InvalidSchemaError(f"{kind} leaf takes no {name}")
+        if "dtype" in spec.fields and self.dtype not in DTYPES:
+            raise InvalidSchemaError(f"{kind} leaf: dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if "shape" in spec.fields:
             if self.shape is None:
                 raise InvalidSchemaError(f"{kind} leaf needs a shape")
             shape = _check_shape(self.shape, f"{kind} leaf")
             if kind == "image" and (len(shape) != 3 or 0 in shape):
                 raise InvalidSchemaError(f"image leaf shape must be (H, W, C), all > 0, got {shape!r}")
             object.__setattr__(self, "shape", shape)
-        elif self.shape is not None:
-            raise InvalidSchemaError(f"{kind} leaf takes no shape")
-        if kind == "var_array":
-            if type(self.ndim) is not int or not 1 <= self.ndim <= MAX_NDIM:
-                raise InvalidSchemaError(f"var_array leaf needs ndim in [1, {MAX_NDIM}], got {self.ndim!r}")
-        elif self.ndim is not None:
-            raise InvalidSchemaError(f"{kind} leaf takes no ndim")
-        if kind == "encoded_image":
+        if "ndim" in spec.fields and (type(self.ndim) is not int or not 1 <= self.ndim <= MAX_NDIM):
+            raise InvalidSchemaError(f"{kind} leaf needs ndim in [1, {MAX_NDIM}], got {self.ndim!r}")
+        if "format" in spec.fields:
             f = self.format
             if not isinstance(f, str) or not 0 < len(f) <= 32 or not set(f) <= IMAGE_FORMAT_CHARS:
-                raise InvalidSchemaError(f"encoded_image leaf needs a short lowercase format tag, got {f!r}")
-        elif self.format is not None:
-            raise InvalidSchemaError(f"{kind} leaf takes no format")
+                raise InvalidSchemaError(f"{kind} leaf needs a short lowercase format tag, got {f!r}")
+        if "item" in spec.fields and self.item not in LIST_ITEMS:
+            raise InvalidSchemaError(f"{kind} leaf: item must be one of {sorted(LIST_ITEMS)}, got {self.item!r}")
+        if type(self.optional) is not bool:
+            raise InvalidSchemaError(f"optional must be true or false, got {self.optional!r}")
+        if self.optional and kind == "none":
+            raise InvalidSchemaError("a none leaf is always None: it cannot be optional")
+
+    @property
+    def spec(self) -> Any:
+        """This leaf's row of the kinds table (``tbl_format.kinds.Kind``)."""
+        return KINDS[self.kind]
+
+    @property
+    def minor(self) -> int:
+        """The format minor version that introduced what this leaf uses."""
+        return max(KINDS[self.kind].minor, 1 if self.optional else 0)
 
     @property
     def fixed_size(self) -> bool:
         """True when every row has the same number of bytes (stored as a contiguous column)."""
-        return self.kind in FIXED_KINDS
+        return KINDS[self.kind].fixed
 
     @property
     def row_format(self) -> str:
         """struct / memoryview format character of one element."""
-        if self.kind == "int":
-            return "q"
-        if self.kind == "float":
-            return "d"
-        if self.kind == "bool":
-            return "?"
+        spec = KINDS[self.kind]
+        if spec.scalar is not None:
+            return spec.scalar
+        if self.kind == "var_list" and self.item != "str":
+            return KINDS[self.item].scalar
         if self.dtype is None:
             raise InvalidSchemaError(f"{self.kind} leaf has no element format")
         return DTYPES[self.dtype][0]
 
     @property
     def itemsize(self) -> int:
-        """Bytes of one element (int/float 8, bool 1, arrays their dtype's size)."""
-        if self.kind in ("int", "float"):
-            return 8
-        if self.kind == "bool":
-            return 1
+        """Bytes of one element (int/float 8, bool 1, arrays their dtype's size, var_list its item's size)."""
+        spec = KINDS[self.kind]
+        if spec.scalar is not None:
+            return 1 if self.kind == "bool" else 8
+        if self.kind == "var_list" and self.item != "str":
+            return LIST_ITEMS[self.item][1]
         if self.dtype is None:
             raise InvalidSchemaError(f"{self.kind} leaf has no item size")
         return DTYPES[self.dtype][1]
@@ -146,6 +146,8 @@ class Leaf:
         """Bytes per row of a fixed-size leaf."""
         if not self.fixed_size:
             raise InvalidSchemaError(f"{self.kind} leaves have no fixed row size")
+        if self.kind == "none":
+            return 0
         n = self.itemsize
         for d in self.shape or ():
             n *= d
@@ -166,19 +168,41 @@ class Leaf:
             out["ndim"] = self.ndim
         if self.format is not None:
             out["format"] = self.format
+        if self.item is not None:
+            out["item"] = self.item
+        if self.optional:  # written only when set: 1.0 leaves keep their JSON, hence their fingerprints
+            out["optional"] = True
         return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Leaf:
-        if not isinstance(obj, dict) or not set(obj) <= {"kind", "dtype", "shape", "ndim", "format"}:
-            raise InvalidSchemaError(f"leaf must be an object with kind/dtype/shape/ndim/format, got {obj!r:.200}")
+        if not isinstance(obj, dict) or not set(obj) <= {"kind", *_LEAF_FIELDS, "optional"}:
+            raise InvalidSchemaError(f"leaf must be an object with kind/dtype/shape/ndim/format/item/optional, "
+                                     f"got {obj!r:.200}")
         shape = obj.get("shape")
         if shape is not None:
             shape = _check_shape(shape, "leaf")
         try:
-            return cls(obj.get("kind"), obj.get("dtype"), shape, obj.get("ndim"), obj.get("format"))
+            return cls(obj.get("kind"), obj.get("dtype"), shape, obj.get("ndim"), obj.get("format"), obj.get("item"),
+                       obj.get("optional", False))
         except TypeError as exc:  # unhashable values in the JSON (lists where strings belong)
             raise InvalidSchemaError(f"invalid leaf {obj!r:.200}: {exc}") from None
+
+    def __str__(self) -> str:
+        parts = [self.kind]
+        if self.dtype and self.kind != "image":
+            parts.append(self.dtype)
+        if self.shape is not None:
+            parts.append("x".join(map(str, self.shape)) or "()")
+        if self.ndim is not None:
+            parts.append(f"ndim={self.ndim}")
+        if self.format:
+            parts.append(self.format)
+        if self.item:
+            parts.append(f"of {self.item}")
+        if self.optional:
+            parts.append("optional")
+        return " ".join(parts)
 
 
 def _check_key(key: Any, where: str) -> str:
@@ -262,6 +286,11 @@ class Schema:
         return cls(dec(obj, 0))
 
     @property
+    def minor(self) -> int:
+        """The lowest format minor version (of major 1) that has every leaf kind and field this schema uses."""
+        return max((leaf.minor for leaf in self.leaves.values()), default=0)
+
+    @property
     def fingerprint(self) -> str:
         """SHA-256 (hex) of the canonical JSON form: equal schemas have equal fingerprints."""
         if self._fingerprint is None:
@@ -280,37 +309,15 @@ class Schema:
         return f"Schema({{{inner}}})"
 
 
-def _numpy():
-    return sys.modules.get("numpy")
 
 
-def as_array(value: Any) -> Any:
-    """A numpy array for a numpy array, numpy scalar or torch tensor; None for anything else.
-
-    torch is never imported here: a tensor can only exist if the caller imported it.
-    """
-    np = _numpy()
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    if np is not None and isinstance(value, (np.ndarray, np.generic)):
-        return np.asarray(value)
-    return None
-
-
-def dtype_name(arr: Any) -> str | None:
-    """The DTYPES name of a numpy array's dtype (byte order ignored), or None if unsupported."""
-    dt = arr.dtype
-    return _KIND_SIZE.get((dt.kind, dt.itemsize))
-
-
-# numpy (kind, itemsize) -> DTYPES name; numpy's dtype.name property is slow enough to matter per sample.
-_KIND_SIZE = {("b", 1): "bool", ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64"}
-_KIND_SIZE.update({(k, n): f"{'u' if k == 'u' else ''}int{8 * n}" for k in "ui" for n in (1, 2, 4, 8)})
+# ---- inference --------------------------------------------------------------------------------------------
 
 
 def infer_leaf(value: Any, path: str) -> Leaf:
     """The Leaf kind of one value; see infer_schema."""
+    if value is None:
+        return Leaf("none")
     if isinstance(value, bool):
         return Leaf("bool")
     if isinstance(value, int):
@@ -332,24 +339,124 @@ def infer_leaf(value: Any, path: str) -> Leaf:
     raise InvalidSchemaError(f"leaf {path!r}: cannot store a {type(value).__name__}")
 
 
+def _infer_node(node: Any, path: str, depth: int) -> Any:
+    if depth > 64:
+        raise InvalidSchemaError("sample nesting is deeper than 64 levels")
+    if isinstance(node, dict):
+        return {_check_key(k, path): _infer_node(v, _join(path, k), depth + 1) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        items = [_infer_node(v, _join(path, str(i)), depth + 1) for i, v in enumerate(node)]
+        return items if isinstance(node, list) else tuple(items)
+    return infer_leaf(node, path)
+
+
 def infer_schema(sample: Any) -> Schema:
     """Infer a Schema from one sample.
 
-    Python/numpy scalars map to int/float/bool, ``str`` to str, bytes-like to
-    bytes, numpy arrays and torch tensors to fixed-shape ``array`` leaves.
-    Variable-shape arrays, raw images and encoded images cannot be told apart
-    from one sample: pass an explicit Schema with ``var_array`` / ``image`` /
+    None maps to a ``none`` leaf, Python/numpy scalars to int/float/bool,
+    ``str`` to str, bytes-like to bytes, numpy arrays and torch tensors to
+    fixed-shape ``array`` leaves; dicts, lists and tuples to the same
+    structure. The writer widens this schema as later samples differ (see
+    ``widen``). Raw images and encoded images cannot be told apart from
+    other arrays and bytes: pass an explicit Schema with ``image`` /
     ``encoded_image`` leaves for those. Keys containing ``/`` are rejected.
     """
+    return Schema(_infer_node(sample, "", 0))
 
-    def walk(node: Any, path: str, depth: int) -> Any:
-        if depth > 64:
-            raise InvalidSchemaError("sample nesting is deeper than 64 levels")
-        if isinstance(node, dict):
-            return {_check_key(k, path): walk(v, _join(path, k), depth + 1) for k, v in node.items()}
-        if isinstance(node, (list, tuple)):
-            items = [walk(v, _join(path, str(i)), depth + 1) for i, v in enumerate(node)]
-            return items if isinstance(node, list) else tuple(items)
-        return infer_leaf(node, path)
 
-    return Schema(walk(sample, "", 0))
+# ---- widening ---------------------------------------------------------------------------------------------
+
+
+def _list_item(node: Any) -> tuple[str, bool] | None:
+    """(item kind, optional) if node can become a var_list: "" for an empty list node; None if it cannot."""
+    if isinstance(node, Leaf):
+        if node.kind == "var_list":
+            return node.item or "", node.optional
+        return None
+    if not isinstance(node, list):
+        return None
+    kinds = set()
+    for sub in node:
+        if not isinstance(sub, Leaf) or sub.optional or sub.kind not in LIST_ITEMS:
+            return None
+        kinds.add(sub.kind)
+    if len(kinds) > 1:
+        return None
+    return (kinds.pop() if kinds else ""), False
+
+
+def _widen_leaves(a: Leaf, b: Leaf) -> Leaf | None:
+    if a == b:
+        return a
+    if a.kind == "none":
+        return replace(b, optional=True) if b.kind != "none" else a
+    if b.kind == "none":
+        return replace(a, optional=True)
+    optional = a.optional or b.optional
+    a, b = replace(a, optional=False), replace(b, optional=False)
+    if a == b:
+        return replace(a, optional=optional)
+    if a.kind in ("array", "var_array") and b.kind in ("array", "var_array") and a.dtype == b.dtype:
+        ndim_a = len(a.shape) if a.shape is not None else a.ndim
+        ndim_b = len(b.shape) if b.shape is not None else b.ndim
+        if ndim_a == ndim_b and ndim_a:
+            return Leaf("var_array", dtype=a.dtype, ndim=ndim_a, optional=optional)
+    return None
+
+
+def _widen(a: Any, b: Any) -> Any:
+    """The narrowest node that stores everything a and b store, or None if there is none."""
+    if isinstance(a, Leaf) and isinstance(b, Leaf):
+        return _widen_leaves(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a) != list(b):
+            return None
+        out = {}
+        for k in a:
+            w = _widen(a[k], b[k])
+            if w is None:
+                return None
+            out[k] = w
+        return out
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        if len(a) != len(b):
+            return None
+        items = [_widen(x, y) for x, y in zip(a, b, strict=True)]
+        return None if any(w is None for w in items) else tuple(items)
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        items = [_widen(x, y) for x, y in zip(a, b, strict=True)]
+        if all(w is not None for w in items):
+            return items
+    # A list whose length varies (or a var_list, or None) becomes a var_list of its one item kind.
+    none_a = isinstance(a, Leaf) and a.kind == "none"
+    none_b = isinstance(b, Leaf) and b.kind == "none"
+    la = ("", True) if none_a else _list_item(a)
+    lb = ("", True) if none_b else _list_item(b)
+    if la is None or lb is None or (none_a and none_b):
+        return None
+    if la[0] and lb[0] and la[0] != lb[0]:
+        return None
+    item = la[0] or lb[0]
+    optional = la[1] or lb[1]
+    if not item:
+        return None if optional else []  # both empty lists (a None and an empty list: item still unknown)
+    return Leaf("var_list", item=item, optional=optional)
+
+
+def widen(schema: Schema, other: Schema) -> Schema | None:
+    """The narrowest schema that stores every sample of both, or None when they cannot share one.
+
+    Leaves keep their kind; they widen only where a writer can tell what a
+    demanding reader expects: a fixed-shape array whose shape varies becomes
+    a ``var_array`` of the same dtype and ndim; a list whose length varies,
+    all of whose items are int, float, bool or str of one kind, becomes a
+    ``var_list``; a leaf that is None in some samples becomes ``optional``
+    (a ``none`` leaf takes the kind of the first value). Anything else (an
+    int where a str was, other dict keys, a tuple of another length, another
+    dtype) cannot be widened.
+    """
+    tree = _widen(schema.tree, other.tree)
+    if tree is None:
+        return None
+    out = Schema(tree)
+    return schema if out == schema else out

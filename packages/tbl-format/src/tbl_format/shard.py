@@ -1,9 +1,9 @@
 """The per-file interface a Dataset uses for each shard file.
 
 ``Dataset`` (dataset.py) never parses a file itself: it opens each shard through
-``open_file(path)``, which dispatches on the first four bytes (``\\x89TBL`` ->
-``TblFile`` in reader.py, ``TBL\\x02`` -> ``tbl_format.v2.open_v2``), and talks to
-the result only through the ``Shard`` methods below. A reader for another
+``opener.open_file(path)``, which dispatches on the first bytes (``\\x89TBL`` ->
+``TblFile`` in reader.py, ``TBL\\x02`` -> ``TurboLoaderFile`` in turboloader.py), and
+talks to the result only through the ``Shard`` methods below. A reader for another
 layout subclasses ``Shard`` and implements the abstract members; the defaults
 of ``read_range`` and ``describe`` work for any subclass.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import BadMagicError, TruncatedFileError
+from .errors import TruncatedFileError
 from .schema import Leaf, Schema
 
 #: Progress callback of verify(): called with (bytes checked so far, bytes to check).
@@ -62,6 +62,10 @@ class Shard:
         check_rows(rows, self.rows)
         get = self.get
         return [pick(get(i)) for i in rows]
+
+    def present(self, leaf_path: str) -> Any:
+        """Zero-copy (rows,) view of an optional leaf's presence flags (nonzero: the row holds a value)."""
+        raise ValueError(f"{self.path}: this file has no optional leaves")
 
     def verify(self, progress: Progress | None = None) -> None:
         raise NotImplementedError
@@ -132,27 +136,6 @@ def fixed_leaf(schema: Schema, leaf_path: str) -> Leaf:
         leaf = schema.leaves[leaf_path]
     except KeyError:
         raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(schema.leaves)}") from None
-    if not leaf.fixed_size:
+    if not leaf.fixed_size or leaf.kind == "none":
         raise ValueError(f"leaf {leaf_path!r} is {leaf.kind}, not fixed-size: it has no column view")
     return leaf
-
-
-def open_file(path: str | Path, *, verify: bool = False) -> Shard:
-    """Open one file, dispatching on its magic."""
-    from .reader import MAGIC, TblFile
-
-    path = Path(path)
-    with path.open("rb") as f:
-        head = f.read(8)
-    if head[:4] == b"TBL\x02":
-        from .v2 import open_v2
-
-        shard = open_v2(path)
-        if verify:
-            shard.verify()
-        return shard
-    if head == MAGIC:
-        return TblFile(path, verify=verify)
-    if len(head) < 8 and MAGIC.startswith(head):
-        raise TruncatedFileError(f"{path}: {len(head)} bytes, shorter than the magic")
-    raise BadMagicError(f"{path}: not a TBL file (starts with {head!r})")

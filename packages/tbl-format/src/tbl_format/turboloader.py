@@ -1,9 +1,9 @@
-"""Read support for TurboLoader's TBL v2 files (magic ``TBL\\x02``), SPEC.md "TBL v2 files".
+"""Read support for TurboLoader's files (magic ``TBL\\x02``; TurboLoader calls its format "TBL v2"), TURBOLOADER.md.
 
 A v2 file is a 64-byte header, an index of 24-byte entries (one per sample),
 the sample payloads, and an optional metadata section of per-sample blocks.
-``open_v2(path)`` validates all of it (every offset and size against the file
-size, in Python ints, so nothing overflows) and returns a ``V2File``: the same
+``open_turboloader(path)`` validates all of it (every offset and size against the file
+size, in Python ints, so nothing overflows) and returns a ``TurboLoaderFile``: the same
 ``Shard`` interface as a native file, so ``tbl_format.open`` serves both.
 
 What a v2 sample looks like here:
@@ -32,6 +32,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from .codec import load_lz4_block
 from .errors import (
     BadMagicError,
     CorruptDataError,
@@ -46,19 +47,23 @@ from .errors import (
 from .schema import Leaf, Schema
 from .shard import Progress, Shard, fixed_leaf, map_file, release_map
 
+try:
+    import numpy as _np
+except ImportError:  # the index is then checked by a Python loop
+    _np = None
+
 __all__ = [
     "ENTRY",
     "HEADER",
     "RAW_U8",
     "SAMPLE_FORMATS",
-    "V2File",
-    "V2LayoutError",
-    "V2_MAGIC",
+    "TURBOLOADER_MAGIC",
+    "TurboLoaderFile",
     "crc16",
-    "open_v2",
+    "open_turboloader",
 ]
 
-V2_MAGIC = b"TBL\x02"
+TURBOLOADER_MAGIC = b"TBL\x02"
 V2_VERSION = 2
 #: magic, version u32, num_samples u64, header_size u32, pad u32, metadata_offset u64,
 #: metadata_size u64, flags u32, header_crc32 u32, reserved 16 bytes.
@@ -82,11 +87,8 @@ _LZ4_SLACK = 64
 
 
 def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy
+    """numpy, or None when it is not installed (tests hide it by replacing this function)."""
+    return _np
 
 
 def _crc16_table() -> list[int]:
@@ -110,13 +112,13 @@ def crc16(data: bytes | memoryview, crc: int = 0xFFFF) -> int:
     return crc
 
 
-def open_v2(path: str | os.PathLike[str]) -> V2File:
-    """Open and validate a TBL v2 file; raises a FormatError subclass on the first broken rule."""
-    return V2File(path)
+def open_turboloader(path: str | os.PathLike[str]) -> TurboLoaderFile:
+    """Open and validate a TurboLoader file; raises a FormatError subclass on the first broken rule."""
+    return TurboLoaderFile(path)
 
 
-class V2File(Shard):
-    """One TBL v2 file, memory-mapped read-only. See ``Shard`` for the interface."""
+class TurboLoaderFile(Shard):
+    """One TurboLoader (TBL v2) file, memory-mapped read-only. See ``Shard`` for the interface."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -134,7 +136,7 @@ class V2File(Shard):
         mm = self._mm
         where = str(self.path)
         magic, version, n, header_size, _pad, meta_off, meta_size, flags, crc, _res = HEADER.unpack_from(mm, 0)
-        if magic != V2_MAGIC:
+        if magic != TURBOLOADER_MAGIC:
             raise BadMagicError(f"{where}: not a TBL v2 file (magic {magic!r})")
         if version != V2_VERSION:
             raise UnsupportedVersionError(f"{where}: TBL v2 magic with version {version}; this reader knows version 2")
@@ -349,8 +351,6 @@ class V2File(Shard):
         raw = self._mm[off : off + sz]
         if not fl & SAMPLE_COMPRESSED:
             return raw
-        from .writer import load_lz4_block
-
         lz4 = load_lz4_block()
         try:
             data = lz4.decompress(raw, uncompressed_size=usize)
@@ -461,4 +461,4 @@ class V2File(Shard):
         self._mm = None
 
     def __repr__(self) -> str:
-        return f"V2File({str(self.path)!r}, rows={self.rows})"
+        return f"TurboLoaderFile({str(self.path)!r}, rows={self.rows})"

@@ -2,10 +2,18 @@
 
 Memory stays bounded: every region (a fixed column, a variable column's
 offsets, heap and shapes) is spilled to its own temp file in a hidden
-directory next to the destination while samples arrive, with its per-block
-CRC-32s computed on the way. ``close()`` lays the regions out, writes the
-header and copies each spill file into place with ``os.copy_file_range``
-(kernel-side copy), fsyncs, renames atomically and fsyncs the directory.
+directory next to the destination while samples arrive (``columns.py``).
+``close()`` lays the regions out, writes the header and copies each spill
+file into place with ``os.copy_file_range`` (kernel-side copy), fsyncs,
+renames atomically and fsyncs the directory.
+
+Schema inference does not freeze the first sample: when a later sample does
+not fit, the schema is widened (``schema.widen``: a shape that varies makes a
+``var_array``, a list length that varies a ``var_list``, a None an
+``optional`` leaf) and the columns written so far are promoted in place
+where their bytes already fit (``Column.promoted``); only a change of
+structure (a list of fixed length becoming a var_list) or a shard finished
+before the change rewrites what was written, once, from the finished bytes.
 
 Temp names start with ``.`` and contain ``.tbl-tmp-``; they never end in
 ``.tbl`` and a directory is a dataset only once it has a manifest, so a
@@ -14,7 +22,7 @@ killed writer's leftovers are never mistaken for a dataset.
 
 from __future__ import annotations
 
-import errno
+import itertools
 import json
 import os
 import secrets
@@ -28,284 +36,29 @@ from pathlib import Path
 from typing import Any
 
 from .codec import load_lz4_block
+from .columns import TABLES, Bytes, Column, FixedColumn, Spill, copy_into, make_column, mismatch, promotable
 from .errors import InvalidSchemaError, SchemaMismatchError
+from .fsutil import fsync_dir
 from .layout import (
     BLOCK_SIZE,
     FORMAT_VERSION,
     HEADER_CAP,
-    LZ4_BLOCK,
     MAGIC,
     PREAMBLE,
     PREAMBLE_CRC_SPAN,
     PREAMBLE_SIZE,
     align_up,
 )
-from .schema import DTYPES, Leaf, Schema, as_array, dtype_name, infer_schema
+from .manifest import publish_manifest
+from .reader import TblFile
+from .schema import LIST_ITEMS, Leaf, Schema, infer_schema, widen
+
+__all__ = ["FileWriter", "Writer", "write"]
 
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
-_U64 = struct.Struct("<Q")
-_SPILL_FLUSH = 4 * BLOCK_SIZE
-VAR_ARRAY_ALIGN = 16
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so that a rename inside it survives a power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _mismatch(idx: int, path: str, msg: str) -> SchemaMismatchError:
-    return SchemaMismatchError(f"sample {idx}: leaf {path or '<root>'!r}: {msg}")
-
-
-class _Spill:
-    """One region being written: a temp file, a write buffer, per-block CRC-32s, optionally a whole CRC."""
-
-    def __init__(self, path: Path, whole_crc: bool = False) -> None:
-        self.path = path
-        self.f = open(path, "w+b")  # closed by close()
-        self.buf = bytearray()
-        self.flushed = 0
-        self.blocks = array("I")
-        self.whole_crc = whole_crc
-        self.crc = 0
-
-    @property
-    def size(self) -> int:
-        return self.flushed + len(self.buf)
-
-    def write(self, data: Any) -> None:
-        self.buf += data
-        if len(self.buf) >= _SPILL_FLUSH:
-            self._flush(final=False)
-
-    def _flush(self, final: bool) -> None:
-        buf = self.buf
-        n = len(buf) if final else len(buf) // BLOCK_SIZE * BLOCK_SIZE
-        with memoryview(buf) as mv:
-            part = mv[:n]
-            for k in range(0, n, BLOCK_SIZE):
-                self.blocks.append(zlib.crc32(part[k : k + BLOCK_SIZE]))
-            if self.whole_crc:
-                self.crc = zlib.crc32(part, self.crc)
-            self.f.write(part)
-            part.release()
-        del buf[:n]
-        self.flushed += n
-
-    def finish(self) -> None:
-        self._flush(final=True)
-        self.f.flush()
-
-    def close(self) -> None:
-        self.f.close()
-
-
-class _Bytes:
-    """A small in-memory region (compression index, checksum table) with the _Spill interface."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.size = len(data)
-        self.blocks = array("I", (zlib.crc32(data[k : k + BLOCK_SIZE]) for k in range(0, len(data), BLOCK_SIZE)))
-        self.crc = zlib.crc32(data)
-
-
-def _array_bytes(leaf: Leaf, value: Any, idx: int, path: str, var: bool) -> tuple[bytes, tuple[int, ...]]:
-    """Little-endian C-order bytes and shape of an array value, checked against the leaf."""
-    arr = as_array(value)
-    if arr is not None:
-        name = dtype_name(arr)
-        if name != leaf.dtype:
-            raise _mismatch(idx, path, f"expected dtype {leaf.dtype}, got {arr.dtype}")
-        shape = tuple(int(d) for d in arr.shape)
-        if not var and shape != leaf.shape:
-            raise _mismatch(idx, path, f"expected shape {leaf.shape}, got {shape}")
-        if var and len(shape) != leaf.ndim:
-            raise _mismatch(idx, path, f"expected ndim {leaf.ndim}, got shape {shape}")
-        if arr.dtype.byteorder == ">":
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        return arr.tobytes(order="C"), shape
-    # Without numpy: any C-contiguous buffer whose format is the leaf's element format.
-    try:
-        mv = memoryview(value)
-    except TypeError:
-        raise _mismatch(idx, path, f"expected a {leaf.dtype} array, got {type(value).__name__}") from None
-    fmt = mv.format.lstrip("@=<")
-    if fmt != DTYPES[leaf.dtype][0] or not mv.c_contiguous or mv.format.startswith(("!", ">")):
-        raise _mismatch(idx, path, f"expected a C-contiguous {leaf.dtype} buffer, got format {mv.format!r}")
-    shape = tuple(mv.shape or ())
-    if (not var and shape != leaf.shape) or (var and len(shape) != leaf.ndim):
-        raise _mismatch(idx, path, f"shape {shape} does not fit leaf {leaf}")
-    return mv.tobytes(), shape
-
-
-class _FixedColumn:
-    def __init__(self, path: str, leaf: Leaf, spill_dir: Path, n: int) -> None:
-        self.path = path
-        self.leaf = leaf
-        self.data = _Spill(spill_dir / f"{n}.data")
-        kind = leaf.kind
-        self.encode = {"int": self._int, "float": self._float, "bool": self._bool}.get(kind, self._array)
-
-    def _int(self, v: Any, idx: int) -> bytes:
-        if isinstance(v, bool) or not isinstance(v, int):
-            arr = as_array(v)
-            if arr is None or arr.ndim != 0 or arr.dtype.kind not in "iu":
-                raise _mismatch(idx, self.path, f"expected an int, got {type(v).__name__}")
-            v = int(arr)
-        if not -(1 << 63) <= v < (1 << 63):
-            raise _mismatch(idx, self.path, f"int {v} does not fit in int64")
-        return _I64.pack(v)
-
-    def _float(self, v: Any, idx: int) -> bytes:
-        if isinstance(v, (float, int)) and not isinstance(v, bool):
-            return _F64.pack(v)
-        arr = as_array(v)
-        if arr is None or arr.ndim != 0 or arr.dtype.kind not in "iuf":
-            raise _mismatch(idx, self.path, f"expected a float, got {type(v).__name__}")
-        return _F64.pack(float(arr))
-
-    def _bool(self, v: Any, idx: int) -> bytes:
-        if v is True or v is False:
-            return b"\x01" if v else b"\x00"
-        arr = as_array(v)
-        if arr is None or arr.ndim != 0 or arr.dtype.kind != "b":
-            raise _mismatch(idx, self.path, f"expected a bool, got {type(v).__name__}")
-        return b"\x01" if bool(arr) else b"\x00"
-
-    def _array(self, v: Any, idx: int) -> bytes:
-        return _array_bytes(self.leaf, v, idx, self.path, var=False)[0]
-
-    def append(self, encoded: bytes) -> None:
-        self.data.write(encoded)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.size
-
-    def finish(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-        self.data.finish()
-        return {}, [("data", self.data)]
-
-    def close(self) -> None:
-        self.data.close()
-
-
-class _VarColumn:
-    def __init__(self, path: str, leaf: Leaf, spill_dir: Path, n: int, compression: str | None) -> None:
-        self.path = path
-        self.leaf = leaf
-        self.offsets = _Spill(spill_dir / f"{n}.offsets", whole_crc=True)
-        self.heap = _Spill(spill_dir / f"{n}.heap")
-        self.shapes = _Spill(spill_dir / f"{n}.shapes", whole_crc=True) if leaf.kind == "var_array" else None
-        self.shape_struct = struct.Struct(f"<{leaf.ndim}Q") if leaf.ndim else None
-        self.logical = 0  # bytes of the uncompressed heap so far
-        self.lz4 = load_lz4_block() if compression == "lz4" else None
-        self.raw = bytearray()  # uncompressed bytes not yet compressed into a block
-        self.index = array("Q", [0])
-
-    def encode(self, v: Any, idx: int) -> tuple[bytes, tuple[int, ...] | None]:
-        kind = self.leaf.kind
-        if kind == "str":
-            if not isinstance(v, str):
-                raise _mismatch(idx, self.path, f"expected a str, got {type(v).__name__}")
-            try:
-                return v.encode("utf-8"), None
-            except UnicodeEncodeError as exc:
-                raise _mismatch(idx, self.path, f"str is not encodable as UTF-8: {exc}") from None
-        if kind in ("bytes", "encoded_image"):
-            if isinstance(v, (bytes, bytearray)):
-                return bytes(v), None
-            if isinstance(v, memoryview):
-                return v.tobytes(), None
-            arr = as_array(v)
-            if arr is not None and arr.dtype.kind in "uib" and arr.dtype.itemsize == 1 and arr.ndim == 1:
-                return arr.tobytes(), None
-            raise _mismatch(idx, self.path, f"expected bytes, got {type(v).__name__}")
-        return _array_bytes(self.leaf, v, idx, self.path, var=True)
-
-    def append(self, encoded: tuple[bytes, tuple[int, ...] | None]) -> None:
-        payload, shape = encoded
-        if shape is not None:
-            pad = -self.logical % VAR_ARRAY_ALIGN
-            if pad:
-                self._heap_write(b"\x00" * pad)
-            self.shapes.write(self.shape_struct.pack(*shape))
-        self.offsets.write(_U64.pack(self.logical))
-        self._heap_write(payload)
-
-    def _heap_write(self, data: bytes) -> None:
-        self.logical += len(data)
-        if self.lz4 is None:
-            self.heap.write(data)
-            return
-        self.raw += data
-        if len(self.raw) >= LZ4_BLOCK:
-            self._compress(final=False)
-
-    def _compress(self, final: bool) -> None:
-        raw = self.raw
-        n = len(raw) if final else len(raw) // LZ4_BLOCK * LZ4_BLOCK
-        for k in range(0, n, LZ4_BLOCK):
-            block = self.lz4.compress(bytes(raw[k : k + LZ4_BLOCK]), store_size=False)
-            self.heap.write(block)
-            self.index.append(self.heap.size)
-        del raw[:n]
-
-    @property
-    def nbytes(self) -> int:
-        return self.offsets.size + self.heap.size + (self.shapes.size if self.shapes else 0) + len(self.raw)
-
-    def finish(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-        self.offsets.write(_U64.pack(self.logical))
-        regions: list[tuple[str, Any]] = [("offsets", self.offsets), ("heap", self.heap)]
-        extra: dict[str, Any] = {"compression": None}
-        if self.lz4 is not None:
-            self._compress(final=True)
-            regions.append(("index", _Bytes(self.index.tobytes())))
-            extra["compression"] = {"codec": "lz4", "block": LZ4_BLOCK, "raw_size": self.logical}
-        if self.shapes is not None:
-            regions.append(("shapes", self.shapes))
-        for _, spill in regions:
-            if isinstance(spill, _Spill):
-                spill.finish()
-        return extra, regions
-
-    def close(self) -> None:
-        for s in (self.offsets, self.heap, self.shapes):
-            if s is not None:
-                s.close()
-
-
-def _copy_into(src: Any, dst_fd: int, dst_off: int) -> None:
-    """Copy a region into the output at dst_off: kernel-side when possible, read/write otherwise."""
-    if isinstance(src, _Bytes):
-        os.pwrite(dst_fd, src.data, dst_off)
-        return
-    src_fd = src.f.fileno()
-    done = 0
-    size = src.size
-    try:
-        while done < size:
-            n = os.copy_file_range(src_fd, dst_fd, size - done, done, dst_off + done)
-            if n == 0:
-                break
-            done += n
-    except (AttributeError, OSError) as exc:
-        if isinstance(exc, OSError) and exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
-                                                          errno.EPERM, errno.EBADF):
-            raise
-    while done < size:
-        chunk = os.pread(src_fd, min(size - done, 8 * BLOCK_SIZE), done)
-        if not chunk:
-            raise OSError(f"spill file {src.path} shorter than expected")
-        os.pwrite(dst_fd, chunk, dst_off + done)
-        done += len(chunk)
+# Rows re-encoded per read when a finished file is rewritten with a wider schema.
+_REWRITE_ROWS = 4096
 
 
 class FileWriter:
@@ -315,22 +68,42 @@ class FileWriter:
         self.final = final
         self.schema = schema
         self.metadata = metadata
+        self.compression = compression
         self.tmp = final.parent / f".{final.name}.tbl-tmp-{secrets.token_hex(4)}"
         self.spill_dir = Path(f"{self.tmp}.d")
         self.spill_dir.mkdir()
+        self._spill_names = itertools.count()
         self.rows = 0
-        self.columns: list[Any] = []
+        self.columns: list[Column] = []
         try:
-            for n, (path, leaf) in enumerate(schema.leaves.items()):
-                if leaf.fixed_size:
-                    self.columns.append(_FixedColumn(path, leaf, self.spill_dir, n))
-                else:
-                    self.columns.append(_VarColumn(path, leaf, self.spill_dir, n, compression))
+            for path, leaf in schema.leaves.items():
+                self.columns.append(make_column(path, leaf, self._new_spill, compression))
         except BaseException:
             self.abort()
             raise
-
         self.append_fast = self._compile_fast()
+
+    def _new_spill(self, whole_crc: bool) -> Spill:
+        return Spill(self.spill_dir / str(next(self._spill_names)), whole_crc)
+
+    def promote(self, schema: Schema) -> FileWriter:
+        """This file's rows under the wider ``schema`` (see ``schema.widen``); returns the writer to go on with.
+
+        Promotes the columns in place when every one of them can be (``Column.promoted``); otherwise
+        finishes this file and rewrites its rows into a new FileWriter.
+        """
+        old = dict(zip(self.schema.leaves, self.columns, strict=True))
+        if set(schema.leaves) == set(old) and all(promotable(old[p].leaf, leaf) for p, leaf in schema.leaves.items()):
+            self.columns = [old[p] if old[p].leaf == leaf else old[p].promoted(leaf, self.rows)
+                            for p, leaf in schema.leaves.items()]
+            self.schema = schema
+            self.append_fast = self._compile_fast()
+            return self
+        tmp, _, _ = self.finish()
+        try:
+            return rewrite(tmp, self.final, schema, self.metadata, self.compression)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _compile_fast(self) -> Any:
         """Generate append_fast(sample, idx) -> bool for this schema.
@@ -363,8 +136,11 @@ class FileWriter:
         walk(self.schema.tree, "sample")
         appends = []
         for k, (var, col) in enumerate(zip(leaves, self.columns, strict=True)):
+            # The common Python types are encoded inline; anything else (None, numpy scalars, a misfit) calls E.
             ns[f"E{k}"] = col.encode
             kind = col.leaf.kind
+            if kind == "none":
+                kind = "-"  # no fast form: E checks for None
             if kind == "int":
                 lines.append(f"e{k} = PQ({var}) if {var}.__class__ is int else E{k}({var}, idx)")
             elif kind == "float":
@@ -372,7 +148,7 @@ class FileWriter:
             elif kind == "bool":
                 lines.append(f"e{k} = (b'\\x01' if {var} else b'\\x00') if {var}.__class__ is bool else E{k}({var}, idx)")
             elif kind == "str":
-                lines.append(f"e{k} = ({var}.encode(), None) if {var}.__class__ is str else E{k}({var}, idx)")
+                lines.append(f"e{k} = {var}.encode() if {var}.__class__ is str else E{k}({var}, idx)")
             elif kind in ("array", "image") and np is not None:
                 ns[f"DT{k}"], ns[f"SH{k}"] = np.dtype(col.leaf.dtype), col.leaf.shape
                 lines.append(
@@ -381,7 +157,8 @@ class FileWriter:
                 )
             else:
                 lines.append(f"e{k} = E{k}({var}, idx)")
-            ns[f"A{k}"] = col.data.write if isinstance(col, _FixedColumn) else col.append
+            plain = isinstance(col, FixedColumn) and col.present is None
+            ns[f"A{k}"] = col.data.write if plain else col.append
             appends.append(f"A{k}(e{k})")
         body = "\n        ".join(lines) or "pass"
         tail = "\n    ".join(appends) or "pass"
@@ -419,7 +196,7 @@ def append_fast(sample, idx):
         crc_table = array("I")
         for r in all_regions:
             crc_table.extend(r.blocks)
-        table = _Bytes(crc_table.tobytes() if nblocks else b"")
+        table = Bytes(crc_table.tobytes() if nblocks else b"")
         # Region offsets depend on the header length, which depends on the offsets: iterate to the fixed point.
         data_start = align_up(PREAMBLE_SIZE)
         while True:
@@ -430,14 +207,16 @@ def append_fast(sample, idx):
             data_start = need
         if len(header) > HEADER_CAP:
             raise InvalidSchemaError(f"header of {len(header)} bytes exceeds the {HEADER_CAP}-byte cap")
-        head = PREAMBLE.pack(MAGIC, *FORMAT_VERSION, len(header), file_size, 0, 0)[:PREAMBLE_CRC_SPAN]
+        # The lowest minor that has what the schema uses: a file of 1.0 features stays readable by 1.0 readers.
+        version = (FORMAT_VERSION[0], self.schema.minor)
+        head = PREAMBLE.pack(MAGIC, *version, len(header), file_size, 0, 0)[:PREAMBLE_CRC_SPAN]
         crc = zlib.crc32(header, zlib.crc32(head))
-        preamble = PREAMBLE.pack(MAGIC, *FORMAT_VERSION, len(header), file_size, crc, 0)
+        preamble = PREAMBLE.pack(MAGIC, *version, len(header), file_size, crc, 0)
         fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.pwrite(fd, preamble + header, 0)
             for src, off in places:
-                _copy_into(src, fd, off)
+                copy_into(src, fd, off)
             os.ftruncate(fd, file_size)
             os.fsync(fd)
         finally:
@@ -445,7 +224,7 @@ def append_fast(sample, idx):
         self._drop_spills()
         return self.tmp, crc, file_size
 
-    def _header(self, parts: list[Any], table: _Bytes, data_start: int) -> tuple[bytes, list[Any], int]:
+    def _header(self, parts: list[Any], table: Bytes, data_start: int) -> tuple[bytes, list[Any], int]:
         pos = data_start
         block = 0
         places = []
@@ -456,7 +235,7 @@ def append_fast(sample, idx):
             desc.update(extra)
             for name, r in regions:
                 region = {"offset": pos, "size": r.size, "first_block": block}
-                if name != "data" and name != "heap":
+                if name in TABLES:
                     region["crc32"] = r.crc
                 desc["regions"][name] = region
                 places.append((r, pos))
@@ -491,6 +270,95 @@ def append_fast(sample, idx):
             pass
 
 
+def rewrite(src: Path, final: Path, schema: Schema, metadata: dict[str, Any], compression: str | None) -> FileWriter:
+    """A FileWriter for ``final`` holding every row of the finished file ``src``, encoded under ``schema``.
+
+    Rows read back as the values they were written from, so a wider schema takes them unchanged.
+    """
+    fw = FileWriter(final, schema, metadata, compression)
+    try:
+        f = TblFile(src)
+        try:
+            for a in range(0, f.rows, _REWRITE_ROWS):
+                for k, sample in enumerate(f.read_range(a, min(f.rows, a + _REWRITE_ROWS)), start=a):
+                    fw.append(encode_sample(fw, sample, k))
+        finally:
+            f.close()
+    except BaseException:
+        fw.abort()
+        raise
+    return fw
+
+
+def flatten(node: Any, value: Any, path: str, out: list[Any], idx: int) -> None:
+    """The leaf values of ``value`` in schema order; SchemaMismatchError where its structure differs."""
+    if isinstance(node, Leaf):
+        out.append(value)
+    elif isinstance(node, dict):
+        if not isinstance(value, Mapping):
+            raise mismatch(idx, path, f"expected a dict, got {type(value).__name__}")
+        if len(value) != len(node) or any(k not in value for k in node):
+            missing = [k for k in node if k not in value]
+            extra = [k for k in value if k not in node]
+            raise mismatch(idx, path, f"dict keys differ: missing {missing}, unexpected {extra}")
+        for k, sub in node.items():
+            flatten(sub, value[k], f"{path}/{k}" if path else k, out, idx)
+    else:
+        want = list if isinstance(node, list) else tuple
+        if not isinstance(value, want):
+            raise mismatch(idx, path, f"expected a {want.__name__}, got {type(value).__name__}")
+        if len(value) != len(node):
+            raise mismatch(idx, path, f"expected {len(node)} elements, got {len(value)}")
+        for i, (sub, v) in enumerate(zip(node, value, strict=True)):
+            flatten(sub, v, f"{path}/{i}" if path else str(i), out, idx)
+
+
+def encode_sample(fw: FileWriter, sample: Any, idx: int) -> list[Any]:
+    """Every leaf of ``sample`` encoded for ``fw``'s columns (the general path: names the leaf at fault)."""
+    flat: list[Any] = []
+    flatten(fw.schema.tree, sample, "", flat, idx)
+    return [col.encode(v, idx) for col, v in zip(fw.columns, flat, strict=True)]
+
+
+def with_variable(schema: Schema, variable: Iterable[str]) -> Schema:
+    """schema with the named leaves made variable-size: array leaves become var_array leaves of the same dtype
+    and ndim, lists of int, float, bool or str items (all of one kind) become var_list leaves."""
+    names = list(variable)
+    wanted = set(names)
+    found: set[str] = set()
+
+    def walk(node: Any, path: str) -> Any:
+        if path in wanted:
+            found.add(path)
+            if isinstance(node, list):
+                kinds = {sub.kind for sub in node if isinstance(sub, Leaf) and not sub.optional}
+                if len(kinds) == 1 and kinds <= set(LIST_ITEMS) and all(isinstance(sub, Leaf) for sub in node):
+                    return Leaf("var_list", item=kinds.pop())
+                raise ValueError(f"leaf {path!r}: only array leaves and lists whose items are all int, float, bool "
+                                 "or all str can be variable")
+            if not isinstance(node, Leaf) or node.kind not in ("array", "var_array"):
+                kind = node.kind if isinstance(node, Leaf) else type(node).__name__
+                raise ValueError(f"leaf {path!r} is {kind}; only array leaves and lists of scalars can be variable")
+            if node.kind == "var_array":
+                return node
+            if not node.shape:
+                raise ValueError(f"leaf {path!r} is a 0-d array; variable-shape arrays need ndim >= 1")
+            return Leaf("var_array", dtype=node.dtype, ndim=len(node.shape), optional=node.optional)
+        if isinstance(node, Leaf):
+            return node
+        if isinstance(node, dict):
+            return {k: walk(v, f"{path}/{k}" if path else k) for k, v in node.items()}
+        items = [walk(v, f"{path}/{i}" if path else str(i)) for i, v in enumerate(node)]
+        return items if isinstance(node, list) else tuple(items)
+
+    tree = walk(schema.tree, "")
+    unknown = [p for p in names if p not in found]
+    if unknown:
+        raise KeyError(f"variable names leaves {unknown} that the first sample does not have; "
+                       f"it has {list(schema.leaves)}")
+    return Schema(tree)
+
+
 def _check_metadata(metadata: Any) -> dict[str, Any]:
     if metadata is None:
         return {}
@@ -505,9 +373,14 @@ def _check_metadata(metadata: Any) -> dict[str, Any]:
 class Writer:
     """Streaming writer of one .tbl file, or of a sharded dataset directory when shard_rows/shard_bytes is set.
 
-    ``write(sample)`` checks the sample against the schema (given, or inferred
-    from the first sample) and raises SchemaMismatchError naming the sample
-    index and leaf path; the writer stays usable after such an error.
+    ``write(sample)`` checks the sample against the schema and raises
+    SchemaMismatchError naming the sample index and leaf path; the writer
+    stays usable after such an error. Without ``schema`` the schema is
+    inferred from the first sample (the leaves named in ``variable`` made
+    variable-size from the start) and widened when a later sample differs in
+    a way ``schema.widen`` allows (a shape or list length that varies, a
+    None): the written schema states the result. A given ``schema`` is kept
+    as it is: a sample that does not fit it is an error.
     ``close()`` publishes atomically and returns the destination; ``abort()``
     removes everything this writer created. As a context manager it closes on
     success and aborts on exception.
@@ -518,11 +391,17 @@ class Writer:
         dst: str | os.PathLike[str],
         schema: Schema | Any | None = None,
         *,
+        variable: Iterable[str] = (),
         metadata: dict[str, Any] | None = None,
         compression: str | None = None,
         shard_rows: int | None = None,
         shard_bytes: int | None = None,
     ) -> None:
+        if isinstance(variable, str):
+            raise TypeError("variable must be a list of leaf paths, not a single string")
+        self.variable = list(variable)
+        if self.variable and schema is not None:
+            raise ValueError("pass either schema or variable: variable only adjusts an inferred schema")
         if compression not in (None, "lz4"):
             raise ValueError(f"compression must be None or 'lz4', got {compression!r}")
         if compression == "lz4":
@@ -532,6 +411,7 @@ class Writer:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         self.dst = Path(dst)
         self.schema = schema if isinstance(schema, Schema) or schema is None else Schema(schema)
+        self._infer = schema is None  # only an inferred schema widens
         self.metadata = _check_metadata(metadata)
         self.compression = compression
         self.sharded = shard_rows is not None or shard_bytes is not None
@@ -564,27 +444,6 @@ class Writer:
         else:
             self.abort()
 
-    def _flatten(self, node: Any, value: Any, path: str, out: list[Any], idx: int) -> None:
-        if isinstance(node, Leaf):
-            out.append(value)
-        elif isinstance(node, dict):
-            if not isinstance(value, Mapping):
-                raise _mismatch(idx, path, f"expected a dict, got {type(value).__name__}")
-            if len(value) != len(node) or any(k not in value for k in node):
-                missing = [k for k in node if k not in value]
-                extra = [k for k in value if k not in node]
-                raise _mismatch(idx, path, f"dict keys differ: missing {missing}, unexpected {extra}")
-            for k, sub in node.items():
-                self._flatten(sub, value[k], f"{path}/{k}" if path else k, out, idx)
-        else:
-            want = list if isinstance(node, list) else tuple
-            if not isinstance(value, want):
-                raise _mismatch(idx, path, f"expected a {want.__name__}, got {type(value).__name__}")
-            if len(value) != len(node):
-                raise _mismatch(idx, path, f"expected {len(node)} elements, got {len(value)}")
-            for i, (sub, v) in enumerate(zip(node, value, strict=True)):
-                self._flatten(sub, v, f"{path}/{i}" if path else str(i), out, idx)
-
     def _open_file(self) -> FileWriter:
         if self.sharded:
             final = self.dst / f"shard-{self._token}-{len(self._shards):05d}.tbl"
@@ -596,15 +455,21 @@ class Writer:
         if self._done:
             raise RuntimeError("write() on a closed or aborted Writer")
         if self.schema is None:
-            self.schema = infer_schema(sample)
+            self.schema = with_variable(infer_schema(sample), self.variable) if self.variable else infer_schema(sample)
         if self._file is None:
             self._file = self._open_file()
         fw = self._file
         if not fw.append_fast(sample, self.rows):
             # The general path: checks everything again and raises SchemaMismatchError naming index and leaf.
-            flat: list[Any] = []
-            self._flatten(self.schema.tree, sample, "", flat, self.rows)
-            encoded = [col.encode(v, self.rows) for col, v in zip(fw.columns, flat, strict=True)]
+            try:
+                encoded = encode_sample(fw, sample, self.rows)
+            except SchemaMismatchError:
+                wider = self._wider(sample)
+                if wider is None:
+                    raise
+                self._promote(wider)
+                fw = self._file
+                encoded = encode_sample(fw, sample, self.rows)
             fw.append(encoded)
         self.rows += 1
         if self.sharded and (
@@ -612,6 +477,32 @@ class Writer:
             or (self.shard_bytes is not None and fw.nbytes >= self.shard_bytes)
         ):
             self._publish_shard()
+
+    def _wider(self, sample: Any) -> Schema | None:
+        """The widened schema that also stores ``sample``, or None (a given schema, or a real mismatch)."""
+        if not self._infer:
+            return None
+        try:
+            other = infer_schema(sample)
+        except InvalidSchemaError:
+            return None
+        return widen(self.schema, other)
+
+    def _promote(self, schema: Schema) -> None:
+        """Go on under the wider ``schema``: promote the open file, rewrite the shards finished before it."""
+        self.schema = schema
+        for n, (tmp, entry) in enumerate(zip(self._pending, self._shards, strict=True)):
+            fw = rewrite(tmp, self.dst / entry["file"], schema, self.metadata, self.compression)
+            try:
+                new_tmp, crc, size = fw.finish()
+            except BaseException:
+                fw.abort()
+                raise
+            tmp.unlink()
+            self._pending[n] = new_tmp
+            entry.update(header_crc32=crc, size=size)
+        if self._file is not None:
+            self._file = self._file.promote(schema)
 
     def _publish_shard(self) -> None:
         fw = self._file
@@ -652,8 +543,6 @@ class Writer:
         return self.dst
 
     def _close_sharded(self) -> None:
-        from .manifest import publish_manifest
-
         if self._file is not None and self._file.rows:
             self._publish_shard()
         elif self._file is not None:
@@ -686,12 +575,28 @@ class Writer:
                 pass
 
 
-def write(samples: Iterable[Any], dst: str | os.PathLike[str], **writer_kwargs: Any) -> Path:
-    """Write every sample of an iterable; returns the published path. Keyword arguments go to Writer."""
-    with Writer(dst, **writer_kwargs) as w:
+def write(
+    samples: Iterable[Any],
+    dst: str | os.PathLike[str],
+    *,
+    schema: Schema | Any | None = None,
+    variable: Iterable[str] = (),
+    metadata: dict[str, Any] | None = None,
+    compression: str | None = None,
+    shard_rows: int | None = None,
+    shard_bytes: int | None = None,
+) -> Path:
+    """Write every sample to ``dst`` (a ``.tbl`` file, or a directory when ``shard_rows``/``shard_bytes`` is set).
+
+    ``schema``: a ``Schema`` (or its tree of ``Leaf``), kept as given; when
+    omitted it is inferred and widened as samples differ (see ``Writer``), with
+    the leaves named in ``variable`` variable-size from the start.
+    ``compression="lz4"`` compresses variable-size leaves. numpy arrays and
+    torch tensors are stored as arrays (tensors through ``.numpy()``; torch is
+    never imported). Published atomically; returns ``dst``.
+    """
+    with Writer(dst, schema, variable=variable, metadata=metadata, compression=compression, shard_rows=shard_rows,
+                shard_bytes=shard_bytes) as w:
         for s in samples:
             w.write(s)
     return w.dst
-
-
-__all__ = ["FileWriter", "Writer", "fsync_dir", "write"]

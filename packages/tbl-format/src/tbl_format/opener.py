@@ -1,0 +1,30 @@
+"""open_file: one file of a dataset, opened by the reader its first bytes name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import BadMagicError, TruncatedFileError
+from .layout import MAGIC
+from .reader import TblFile
+from .shard import Shard
+from .turboloader import TURBOLOADER_MAGIC, open_turboloader
+
+__all__ = ["open_file"]
+
+
+def open_file(path: str | Path, *, verify: bool = False) -> Shard:
+    """Open one file, dispatching on its magic: a .tbl file (SPEC.md) or a TurboLoader file (TURBOLOADER.md)."""
+    path = Path(path)
+    with path.open("rb") as f:
+        head = f.read(8)
+    if head[:4] == TURBOLOADER_MAGIC:
+        shard = open_turboloader(path)
+        if verify:
+            shard.verify()
+        return shard
+    if head == MAGIC:
+        return TblFile(path, verify=verify)
+    if len(head) < 8 and MAGIC.startswith(head):
+        raise TruncatedFileError(f"{path}: {len(head)} bytes, shorter than the magic")
+    raise BadMagicError(f"{path}: not a TBL file (starts with {head!r})")
