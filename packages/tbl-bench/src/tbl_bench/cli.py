@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "over rounds (default: the suite's own, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="small data and few epochs: proves the pipeline, not for quoting")
     p.add_argument("--peers", action="store_true",
-                   help="also measure TurboLoader, litdata and FFCV (pip install 'tbl-bench[peers]')")
+                   help="also measure TurboLoader, litdata and FFCV (pip install './packages/tbl-bench[peers]')")
     p.add_argument("--peer-python", default=None, metavar="PATH",
                    help="interpreter of an environment holding the peer tools; runs their configurations and "
                         "prepares their data (implies --peers; default: this interpreter)")
