@@ -319,12 +319,9 @@ struct ResampleBuffers {
 // one fixed-size leaf split over the same segments (shards), so the segment and
 // local row of every index are found once and reused for all of them.
 // `rows_api`: called as gather_rows (one column; errors name `out`, not `outs[0]`).
-void run_gather_columns(const std::vector<std::vector<InArray>>& columns, const Indices& indices,
-                        const std::vector<OutArray>& outs, bool rows_api) {
-    if (columns.size() != outs.size())
-        throw ValueError("columns has " + std::to_string(columns.size()) + " entries but outs has " +
-                         std::to_string(outs.size()) + ": one output per column");
-    const size_t L = columns.size();
+// Columns and outputs come as L-entry arrays, so that gather_rows copies nothing.
+void run_gather_columns(const std::vector<InArray>* columns, const OutArray* outs, size_t L, const Indices& indices,
+                        bool rows_api) {
     std::vector<Sources> S;
     S.reserve(L);
     for (size_t l = 0; l < L; ++l) {
@@ -487,11 +484,14 @@ void gather_crop_resize(const ImageBatch& batch, const Boxes& boxes) {
 
 void gather_columns(const std::vector<std::vector<InArray>>& columns, const Indices& indices,
                     const std::vector<OutArray>& outs) {
-    run_gather_columns(columns, indices, outs, false);
+    if (columns.size() != outs.size())
+        throw ValueError("columns has " + std::to_string(columns.size()) + " entries but outs has " +
+                         std::to_string(outs.size()) + ": one output per column");
+    run_gather_columns(columns.data(), outs.data(), columns.size(), indices, false);
 }
 
 void gather_rows(const std::vector<InArray>& sources, const Indices& indices, const OutArray& out) {
-    run_gather_columns({sources}, indices, {out}, true);
+    run_gather_columns(&sources, &out, 1, indices, true);
 }
 
 }  // namespace tbl

@@ -57,11 +57,10 @@ ArrayRef<T> array_ref(const Nd& a) {
     return {a.data(), a.ndim(), a.shape_ptr(), dtype_of(a.dtype()), a.nbytes()};
 }
 
-std::vector<InArray> in_arrays(const std::vector<SrcNd>& arrays) {
-    std::vector<InArray> refs;
-    refs.reserve(arrays.size());
+// refs = descriptions of arrays (refs keeps its capacity).
+void fill_in_arrays(const std::vector<SrcNd>& arrays, std::vector<InArray>& refs) {
+    refs.clear();
     for (const SrcNd& a : arrays) refs.push_back(array_ref<const void>(a));
-    return refs;
 }
 
 Indices indices_of(const IndexNd& a) { return {a.data(), static_cast<int64_t>(a.shape(0))}; }
@@ -69,7 +68,7 @@ Indices indices_of(const IndexNd& a) { return {a.data(), static_cast<int64_t>(a.
 ImageBatch image_batch(const std::vector<SrcNd>& sources, const IndexNd& indices, const OutNd& out,
                        const InArray* table, const InArray* flip, const std::string& layout, const Hint& hint) {
     ImageBatch batch;
-    batch.sources = in_arrays(sources);
+    fill_in_arrays(sources, batch.sources);
     batch.indices = indices_of(indices);
     batch.out = array_ref<void>(out);
     batch.table = table;
@@ -89,15 +88,16 @@ std::optional<InArray> optional_ref(const std::optional<TableNd>& a) {
 }
 const InArray* ptr(const std::optional<InArray>& a) { return a ? &*a : nullptr; }
 
-void gather_normalize_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, OutNd out, const TableNd& table,
-                      const std::optional<FlipNd>& flip, const std::string& layout, const Hint& hint) {
+void gather_normalize_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, OutNd out,
+                         const TableNd& table, const std::optional<FlipNd>& flip, const std::string& layout,
+                         const Hint& hint) {
     const InArray tab = array_ref<const void>(table);
     const std::optional<InArray> fl = optional_ref(flip);
     gather_images(image_batch(sources, indices, out, &tab, ptr(fl), layout, hint));
 }
 
 void gather_u8_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, OutNd out,
-               const std::optional<FlipNd>& flip, const std::string& layout) {
+                  const std::optional<FlipNd>& flip, const std::string& layout) {
     const std::optional<InArray> fl = optional_ref(flip);
     gather_images(image_batch(sources, indices, out, nullptr, ptr(fl), layout, std::nullopt));
 }
@@ -110,19 +110,24 @@ void gather_crop_resize_nd(const std::vector<SrcNd>& sources, const IndexNd& ind
     gather_crop_resize(image_batch(sources, indices, out, ptr(tab), ptr(fl), layout, hint), bx);
 }
 
+// The row gathers are called per batch of small rows, where a few allocations per
+// call are measurable: their array descriptions live in per-thread buffers that
+// keep their capacity from call to call.
 void gather_rows_nd(const std::vector<SrcNd>& sources, const IndexNd& indices, OutNd out) {
-    gather_rows(in_arrays(sources), indices_of(indices), array_ref<void>(out));
+    thread_local std::vector<InArray> segments;
+    fill_in_arrays(sources, segments);
+    gather_rows(segments, indices_of(indices), array_ref<void>(out));
 }
 
 void gather_columns_nd(const std::vector<std::vector<SrcNd>>& columns, const IndexNd& indices,
                        std::vector<OutNd> outs) {
-    std::vector<std::vector<InArray>> cols;
-    cols.reserve(columns.size());
-    for (const auto& c : columns) cols.push_back(in_arrays(c));
-    std::vector<OutArray> out_refs;
-    out_refs.reserve(outs.size());
+    thread_local std::vector<std::vector<InArray>> column_refs;
+    thread_local std::vector<OutArray> out_refs;
+    column_refs.resize(columns.size());
+    for (size_t l = 0; l < columns.size(); ++l) fill_in_arrays(columns[l], column_refs[l]);
+    out_refs.clear();
     for (const OutNd& o : outs) out_refs.push_back(array_ref<void>(o));
-    gather_columns(cols, indices_of(indices), out_refs);
+    gather_columns(column_refs, indices_of(indices), out_refs);
 }
 
 // Runs after the call returns, with the GIL held again.
