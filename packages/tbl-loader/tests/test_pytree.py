@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import tbl_format
+from tbl_format import write, write_parallel
 from tbl_loader import order
-from tbl_loader.pytree import Padded, PyTreeDataset, PyTreeLoader, write, write_parallel
+from tbl_loader.pytree import Padded, PyTreeDataset, PyTreeLoader
 
 N = 101  # prime: every batch size and world size leaves a remainder
 
@@ -197,8 +198,8 @@ def test_write_errors(tmp_path):
         write([{"a": np.zeros(2)}], tmp_path / "x.tbl", variable=["b"])
     with pytest.raises(ValueError, match="only array leaves"):
         write([{"a": 1}], tmp_path / "x.tbl", variable=["a"])
-    with pytest.raises(tbl_format.SchemaMismatchError):
-        write([{"a": np.zeros(2)}, {"a": np.zeros(3)}], tmp_path / "x.tbl")
+    with pytest.raises(tbl_format.SchemaMismatchError, match="sample 1: leaf 'a': expected dtype float64, got int32"):
+        write([{"a": np.zeros(2)}, {"a": np.zeros(3, np.int32)}], tmp_path / "x.tbl")
     assert not (tmp_path / "x.tbl").exists()
 
 

@@ -10,7 +10,8 @@ import textwrap
 import numpy as np
 
 import tbl_format
-from tbl_loader.pytree import PyTreeDataset, PyTreeLoader, write
+from tbl_format import write
+from tbl_loader.pytree import PyTreeDataset, PyTreeLoader
 
 ROWS = 300
 

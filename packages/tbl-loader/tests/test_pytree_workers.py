@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tbl_loader.pytree import PyTreeDataset, collate_identity, write
+from tbl_format import write
+from tbl_loader.pytree import PyTreeDataset, collate_identity
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, default_convert  # noqa: E402

@@ -26,6 +26,7 @@ from .errors import (
     UnsupportedVersionError,
     V2LayoutError,
 )
+from .kinds import KINDS, Kind
 from .layout import FORMAT_VERSION
 from .manifest import merge_manifests
 from .parallel import write_parallel
@@ -48,6 +49,8 @@ __all__ = [
     "HeaderFormatError",
     "HeaderTooLargeError",
     "InvalidSchemaError",
+    "KINDS",
+    "Kind",
     "LEAF_KINDS",
     "Leaf",
     "ManifestError",

@@ -19,14 +19,9 @@ import sys
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
-    "BATCH_COLUMN",
-    "BATCH_PAD_ARRAY",
-    "BATCH_PAD_BYTES",
-    "BATCH_PAD_LIST",
-    "BATCH_VALUES",
     "DTYPES",
     "KINDS",
     "LIST_ITEMS",
@@ -51,19 +46,6 @@ DTYPES: dict[str, tuple[str, int]] = {
     "float32": ("f", 4),
     "float64": ("d", 8),
 }
-
-# How a batch of a kind is collated (tbl-loader's Collator reads these):
-#: one fresh (B, *shape) array of the kind's dtype, gathered straight from the mapped columns
-BATCH_COLUMN = "column"
-#: a list of B values as ``ds[i]`` returns them, in both var modes
-BATCH_VALUES = "values"
-#: a list of B arrays, or in pad mode a Padded (B, *max_shape) array with each row's shape
-BATCH_PAD_ARRAY = "pad_array"
-#: a list of B bytes, or in pad mode a Padded (B, max_len) uint8 array with each row's length
-BATCH_PAD_BYTES = "pad_bytes"
-#: a list of B lists, or in pad mode (scalar items) a Padded (B, max_len) array with each row's length
-BATCH_PAD_LIST = "pad_list"
-
 
 class EncodeError(ValueError):
     """A value does not fit its leaf; the writer adds the sample index and the leaf path to the message."""
@@ -254,6 +236,18 @@ def _swapped(code: str, items: list[Any]) -> bytes:
 class Kind:
     """Every rule about one leaf kind (see the module docstring)."""
 
+    # How a batch of a kind is collated (``batch``; tbl-loader's Collator reads these):
+    #: one fresh (B, *shape) array of the kind's dtype, gathered straight from the mapped columns
+    COLUMN: ClassVar[str] = "column"
+    #: a list of B values as ``ds[i]`` returns them, in both var modes
+    VALUES: ClassVar[str] = "values"
+    #: a list of B arrays, or in pad mode a Padded (B, *max_shape) array with each row's shape
+    PAD_ARRAY: ClassVar[str] = "pad_array"
+    #: a list of B bytes, or in pad mode a Padded (B, max_len) uint8 array with each row's length
+    PAD_BYTES: ClassVar[str] = "pad_bytes"
+    #: a list of B lists, or in pad mode (scalar items) a Padded (B, max_len) array with each row's length
+    PAD_LIST: ClassVar[str] = "pad_list"
+
     name: str
     #: stored as a fixed-size column (row i at i * row_bytes) rather than in a heap
     fixed: bool
@@ -267,7 +261,7 @@ class Kind:
     numpy: str | None
     #: the Python type ``ds[i]`` returns, or None for arrays (numpy array / memoryview)
     python: type | None
-    #: how a batch of this kind is collated: one of the ``BATCH_*`` names
+    #: how a batch of this kind is collated: Kind.COLUMN, VALUES, PAD_ARRAY, PAD_BYTES or PAD_LIST
     batch: str
     #: (leaf, value) -> stored bytes (var_array: (bytes, shape); var_list: (items, count)); EncodeError on a misfit
     encode: Callable[[Any, Any], Any]
@@ -284,15 +278,15 @@ def _encode_var_array(leaf: Any, v: Any) -> tuple[bytes, tuple[int, ...]]:
 
 #: Every leaf kind, by name.
 KINDS: dict[str, Kind] = {k.name: k for k in (
-    _k("int", True, "", 0, "q", "int64", int, BATCH_COLUMN, encode_int),
-    _k("float", True, "", 0, "d", "float64", float, BATCH_COLUMN, encode_float),
-    _k("bool", True, "", 0, "?", "bool", bool, BATCH_COLUMN, encode_bool),
-    _k("array", True, "dtype shape", 0, None, None, None, BATCH_COLUMN, encode_array),
-    _k("image", True, "shape", 0, None, None, None, BATCH_COLUMN, encode_array),
-    _k("str", False, "", 0, None, None, str, BATCH_VALUES, encode_str),
-    _k("bytes", False, "", 0, None, None, bytes, BATCH_PAD_BYTES, encode_bytes),
-    _k("encoded_image", False, "format", 0, None, None, bytes, BATCH_PAD_BYTES, encode_bytes),
-    _k("var_array", False, "dtype ndim", 0, None, None, None, BATCH_PAD_ARRAY, _encode_var_array),
-    _k("var_list", False, "item", 1, None, None, list, BATCH_PAD_LIST, encode_list),
-    _k("none", True, "", 1, None, None, type(None), BATCH_VALUES, encode_none),
+    _k("int", True, "", 0, "q", "int64", int, Kind.COLUMN, encode_int),
+    _k("float", True, "", 0, "d", "float64", float, Kind.COLUMN, encode_float),
+    _k("bool", True, "", 0, "?", "bool", bool, Kind.COLUMN, encode_bool),
+    _k("array", True, "dtype shape", 0, None, None, None, Kind.COLUMN, encode_array),
+    _k("image", True, "shape", 0, None, None, None, Kind.COLUMN, encode_array),
+    _k("str", False, "", 0, None, None, str, Kind.VALUES, encode_str),
+    _k("bytes", False, "", 0, None, None, bytes, Kind.PAD_BYTES, encode_bytes),
+    _k("encoded_image", False, "format", 0, None, None, bytes, Kind.PAD_BYTES, encode_bytes),
+    _k("var_array", False, "dtype ndim", 0, None, None, None, Kind.PAD_ARRAY, _encode_var_array),
+    _k("var_list", False, "item", 1, None, None, list, Kind.PAD_LIST, encode_list),
+    _k("none", True, "", 1, None, None, type(None), Kind.VALUES, encode_none),
 )}

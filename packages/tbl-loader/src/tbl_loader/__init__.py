@@ -11,7 +11,7 @@ from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, Imag
 from .order import BatchPlan, EpochOrder
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostPipeline, LoaderClosedError
-from .pytree import VAR_MODES, Padded, PyTreeDataset, PyTreeLoader, collate_identity, write, write_parallel
+from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .version import __version__
@@ -32,6 +32,7 @@ __all__ = [
     "ImageSpec",
     "LAYOUTS",
     "LoaderClosedError",
+    "Masked",
     "OUTPUT_DTYPES",
     "OutputSpec",
     "Padded",
@@ -54,6 +55,4 @@ __all__ = [
     "convert",
     "merge_parts",
     "order",
-    "write",
-    "write_parallel",
 ]

@@ -1,10 +1,8 @@
 """PyTree datasets: write any stream of dict-like samples, read them by index or in batches at memory speed.
 
 Samples are nested dicts, lists and tuples of int, float, bool, str, bytes,
-numpy arrays (fixed or variable shape) and torch tensors.
-
-- :func:`write` / :func:`write_parallel` (:mod:`tbl_loader.pytree_write`): one
-  stream, or parts written by a process pool and merged.
+None, numpy arrays (fixed or variable shape) and torch tensors, written with
+``tbl_format.write`` / ``tbl_format.write_parallel``.
 - :class:`PyTreeDataset` (:mod:`tbl_loader.pytree_dataset`): map-style,
   ``ds[i]``, ``ds.get_batch(indices)``, ``__getitems__`` for torch's DataLoader;
   maps opened lazily per process, dropped on pickling, bounded in number.
@@ -36,9 +34,8 @@ files, replace them.
 
 from __future__ import annotations
 
-from .pytree_batch import VAR_MODES, Padded
+from .pytree_batch import VAR_MODES, Masked, Padded
 from .pytree_dataset import PyTreeDataset, collate_identity
 from .pytree_loader import PyTreeLoader
-from .pytree_write import write, write_parallel
 
-__all__ = ["VAR_MODES", "Padded", "PyTreeDataset", "PyTreeLoader", "collate_identity", "write", "write_parallel"]
+__all__ = ["VAR_MODES", "Masked", "Padded", "PyTreeDataset", "PyTreeLoader", "collate_identity"]

@@ -8,14 +8,22 @@ validated integers reach the source) two small functions:
   (and copies of array leaves when asked); used by ``ds[i]``;
 - ``build(values)``: the pruned pytree around one value per selected leaf.
 
-A batch is assembled leaf by leaf. Fixed-size leaves (``int``, ``float``,
+A batch is assembled leaf by leaf, as the leaf kind's ``batch`` rule in
+``tbl_format.kinds.KINDS`` says. Fixed-size leaves (``int``, ``float``,
 ``bool``, ``array``, ``image``) are gathered together, by one ``gather_columns``
 kernel call straight from the mapped columns, into one fresh array per leaf: ``(B,)`` int64 / float64 /
 bool for scalars, ``(B, *shape)`` of the stored dtype for arrays. Variable-size
-leaves are read row by row and become, with ``var="list"``, a list of ``B``
-values (``str``, ``bytes``, or a fresh writable numpy array per row), and with
-``var="pad"`` a :class:`Padded` pair for ``bytes`` / ``encoded_image`` /
-``var_array`` leaves (``str`` leaves stay lists of ``str``).
+leaves are read with ``Dataset.values`` and become, with ``var="list"``, a list of ``B``
+values (``str``, ``bytes``, a list for ``var_list`` leaves, or a fresh writable numpy array per
+row), and with ``var="pad"`` a :class:`Padded` pair for ``bytes`` / ``encoded_image`` /
+``var_array`` leaves and ``var_list`` leaves of int, float or bool items (``str`` leaves and
+lists of str stay lists). A ``none`` leaf is a list of ``B`` Nones.
+
+Optional leaves (rows that may hold None): a fixed-size one is a :class:`Masked` pair, its
+``(B, *shape)`` array (zeros where a row holds None) and a ``(B,)`` bool ``present`` mask, both
+gathered by the kernel like any fixed-size leaf; a variable-size one is, with ``var="list"``, the
+list with None where a row holds None, and with ``var="pad"`` a :class:`Masked` pair around the
+:class:`Padded` pair (a None row padded as an empty one) where the leaf pads, else the list.
 
 Pruning (``leaves=``): a dict keeps the keys under which a selected leaf lives;
 a list or tuple keeps its selected elements, in order.
@@ -28,8 +36,6 @@ shards with one kernel call.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -37,19 +43,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import tbl_format
-from tbl_format import Leaf, Schema
+from tbl_format import DEFAULT_MAX_OPEN, KINDS, Kind, Leaf, Schema
 
 from ._kernels import kernels
 
-__all__ = ["DEFAULT_MAX_OPEN", "VAR_MODES", "Collator", "FixedLeaf", "Padded", "RowSource", "VarLeaf",
-           "content_fingerprint"]
-
-DEFAULT_MAX_OPEN = 64
-"""Shards mapped at once by default (each costs one file descriptor and one mapping)."""
+__all__ = ["VAR_MODES", "Collator", "FixedLeaf", "Masked", "Padded", "RowSource", "VarLeaf"]
 
 VAR_MODES = ("list", "pad")
-
-_SCALAR_DTYPES = {"int": np.dtype("<i8"), "float": np.dtype("<f8"), "bool": np.dtype("bool")}
 
 
 class Padded(NamedTuple):
@@ -65,18 +65,37 @@ class Padded(NamedTuple):
     lengths: Any
 
 
+class Masked(NamedTuple):
+    """An optional leaf of a batch: the values, and ``present`` (``(B,)`` bool), False where a row holds None.
+
+    ``data``: for a fixed-size leaf the ``(B, *shape)`` array with zeros where a row holds None;
+    for a variable-size leaf in ``var="pad"`` mode the :class:`Padded` pair, a None row padded as an
+    empty one.
+    """
+
+    data: Any
+    present: Any
+
+
 class FixedLeaf(NamedTuple):
     slot: int  # position among the selected leaves
     path: str
     dtype: np.dtype
     row_shape: tuple[int, ...]
     row_bytes: int
+    #: the leaf's presence flags (``(rows,)`` bool, one byte a row) rather than its values
+    present: bool = False
 
 
 class VarLeaf(NamedTuple):
     slot: int
     path: str
     leaf: Leaf
+
+
+def _fixed(slot: int, path: str, leaf: Leaf) -> FixedLeaf:
+    dtype = np.dtype(leaf.spec.numpy or leaf.dtype).newbyteorder("<")
+    return FixedLeaf(slot, path, dtype, leaf.row_shape, leaf.row_bytes)
 
 
 def _access(schema: Schema) -> dict[str, str]:
@@ -125,7 +144,7 @@ def _pruned(schema: Schema, selected: set[str], leaf_expr: Callable[[str], str])
 
 
 def _copy_array(a: Any) -> Any:
-    return np.array(a)
+    return None if a is None else np.array(a)
 
 
 class Collator:
@@ -154,19 +173,24 @@ class Collator:
         self.paths = paths
         self.fixed: list[FixedLeaf] = []
         self.var: list[VarLeaf] = []
+        # Optional fixed-size leaves: their values and presence flags, gathered per batch (see var_columns).
+        self.masked: dict[str, tuple[FixedLeaf, ...]] = {}
         for slot, path in enumerate(paths):
             leaf = schema.leaves[path]
-            if leaf.fixed_size:
-                dtype = _SCALAR_DTYPES.get(leaf.kind) or np.dtype(leaf.dtype).newbyteorder("<")
-                self.fixed.append(FixedLeaf(slot, path, dtype, leaf.row_shape, leaf.row_bytes))
-            else:
-                self.var.append(VarLeaf(slot, path, leaf))
+            if leaf.spec.batch == Kind.COLUMN and not leaf.optional:
+                self.fixed.append(_fixed(slot, path, leaf))
+                continue
+            self.var.append(VarLeaf(slot, path, leaf))
+            if leaf.spec.batch == Kind.COLUMN:
+                flags = FixedLeaf(slot, path, np.dtype(np.bool_), (), 1, present=True)
+                self.masked[path] = (_fixed(slot, path, leaf), flags)
         # The fixed-size leaves that hold bytes: gathered together, in one kernel call per batch.
         self.gathered: tuple[FixedLeaf, ...] = tuple(leaf for leaf in self.fixed if leaf.row_bytes)
         access = _access(schema)
         selected = set(paths)
         slot_of = {p: k for k, p in enumerate(paths)}
-        copies = {p for p in paths if schema.leaves[p].kind in ("array", "var_array", "image")} if copy_arrays else set()
+        # Array leaves (the kinds whose rows read as numpy views rather than Python objects).
+        copies = {p for p in paths if KINDS[schema.leaves[p].kind].python is None} if copy_arrays else set()
         # ds[i] needs no post-processing when every leaf is kept as read and nothing is copied.
         self.identity = len(paths) == len(all_paths) and not copies
         ns: dict[str, Any] = {"COPY": _copy_array}
@@ -182,28 +206,52 @@ class Collator:
 
     # ---- batches ------------------------------------------------------------------------------
     def var_columns(self, source: RowSource, indices: np.ndarray) -> list[Any]:
-        """One finished batch value per variable-size leaf (list or Padded), in ``self.var`` order.
+        """One finished batch value per leaf of ``self.var`` (list, Padded or Masked), in ``self.var`` order.
 
         ``indices`` must lie in ``[0, len)`` (IndexError otherwise, before anything is read).
         """
         if not self.var:
             return []
         rows = indices.tolist()
-        return [self._finish(v.leaf, source.values(v.path, rows)) for v in self.var]
+        out = []
+        for v in self.var:
+            masked = self.masked.get(v.path)
+            out.append(self._masked(source, masked, indices) if masked else self._finish(v.leaf, source.values(v.path, rows)))
+        return out
+
+    @staticmethod
+    def _masked(source: RowSource, leaves: tuple[FixedLeaf, FixedLeaf], indices: np.ndarray) -> Masked:
+        """An optional fixed-size leaf of rows ``indices``: its values and presence flags, in one kernel call."""
+        n = indices.shape[0]
+        data, flags = leaves
+        values = np.empty((n, *data.row_shape), dtype=data.dtype)
+        present = np.empty(n, dtype=np.bool_)
+        targets = [(flags, present.view(np.uint8).reshape(n, 1))]
+        if data.row_bytes:
+            targets.insert(0, (data, values.view(np.uint8).reshape(n, data.row_bytes)))
+        if n:
+            source.gather(tuple(leaf for leaf, _ in targets), indices, [out for _, out in targets])
+        return Masked(values, present)
 
     def _finish(self, leaf: Leaf, values: list[Any]) -> Any:
-        kind = leaf.kind
-        if kind == "str":
-            return values
-        if kind == "var_array":
-            if self.var_mode == "list":
+        batch = leaf.spec.batch
+        pad = self.var_mode == "pad"
+        if batch == Kind.PAD_ARRAY:
+            if not pad:
                 # Fresh writable copies: the row values are read-only views of the map.
-                return [np.array(a) for a in values]
-            return _pad_arrays(values, leaf)
-        # bytes / encoded_image: bytes objects are already copies.
-        if self.var_mode == "list":
-            return values
-        return _pad_bytes(values)
+                return [None if a is None else np.array(a) for a in values]
+            return self._optional(leaf, values, _pad_arrays(_filled(values, leaf), leaf))
+        if batch == Kind.PAD_BYTES and pad:  # bytes objects are already copies
+            return self._optional(leaf, values, _pad_bytes(_filled(values, leaf)))
+        if batch == Kind.PAD_LIST and pad and leaf.item != "str":
+            return self._optional(leaf, values, _pad_lists(_filled(values, leaf), leaf))
+        return values
+
+    @staticmethod
+    def _optional(leaf: Leaf, values: list[Any], padded: Padded) -> Any:
+        if not leaf.optional:
+            return padded
+        return Masked(padded, np.fromiter((v is not None for v in values), dtype=np.bool_, count=len(values)))
 
     def batch(self, source: RowSource, indices: np.ndarray) -> Any:
         """The collated pytree of rows ``indices`` (validated contiguous int64) of a RowSource."""
@@ -221,15 +269,6 @@ class Collator:
             for v, col in zip(self.var, self.var_columns(source, indices), strict=True):
                 values[v.slot] = col
         return self.build(values)
-
-
-def content_fingerprint(dataset: tbl_format.Dataset) -> str:
-    """SHA-256 of the schema, metadata, rows per shard and shard header checksums, from the manifest alone."""
-    headers = [entry["header_crc32"] for entry in dataset.shard_entries]
-    body = {"schema": dataset.schema.fingerprint, "metadata": dataset.metadata, "rows": dataset.segment_rows,
-            "header_crc32": headers}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class RowSource:
@@ -255,7 +294,7 @@ class RowSource:
         try:
             self.schema = dataset.schema
             self.metadata = dataset.metadata
-            self.fingerprint = content_fingerprint(dataset)
+            self.fingerprint = dataset.fingerprint
             rows = dataset.segment_rows
         except BaseException:
             dataset.close()
@@ -277,14 +316,16 @@ class RowSource:
         return self.dataset.open_shards
 
     def _column(self, k: int, leaf: FixedLeaf) -> np.ndarray:
-        col = self.dataset.shard(k).column(leaf.path)
+        shard = self.dataset.shard(k)
+        col = shard.present(leaf.path) if leaf.present else shard.column(leaf.path)
         return col.view(np.uint8).reshape(col.shape[0], leaf.row_bytes)
 
     def _segments(self, leaf: FixedLeaf) -> list[np.ndarray]:
         """Every non-empty shard's column of ``leaf`` as ``(rows, row_bytes)`` uint8 (all shards fit)."""
+        views = self.dataset.present_segments(leaf.path) if leaf.present else self.dataset.segments(leaf.path)
         return [
             col.view(np.uint8).reshape(col.shape[0], leaf.row_bytes)
-            for col, r in zip(self.dataset.segments(leaf.path), self._rows.tolist(), strict=True)
+            for col, r in zip(views, self._rows.tolist(), strict=True)
             if r
         ]
 
@@ -343,6 +384,30 @@ def _pad_arrays(values: list[Any], leaf: Leaf) -> Padded:
     data = np.zeros((n, *top.tolist()), dtype=np.dtype(leaf.dtype))
     for b, a in enumerate(values):
         data[(b, *(slice(0, d) for d in a.shape))] = a
+    return Padded(data, lengths)
+
+
+def _filled(values: list[Any], leaf: Leaf) -> list[Any]:
+    """values with every None (a row of an optional leaf holding None) replaced by an empty value of the leaf."""
+    if not leaf.optional:
+        return values
+    if leaf.kind == "var_array":
+        empty: Any = np.zeros((0,) * (leaf.ndim or 1), dtype=np.dtype(leaf.dtype))
+    elif leaf.kind == "var_list":
+        empty = []
+    else:
+        empty = b""
+    return [empty if v is None else v for v in values]
+
+
+def _pad_lists(values: list[list[Any]], leaf: Leaf) -> Padded:
+    """A var_list leaf of int, float or bool items as (B, max_len) of int64 / float64 / bool, and (B,) lengths."""
+    n = len(values)
+    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
+    dtype = np.dtype(KINDS[leaf.item].numpy)
+    data = np.zeros((n, int(lengths.max()) if n else 0), dtype=dtype)
+    for b, v in enumerate(values):
+        data[b, : len(v)] = v
     return Padded(data, lengths)
 
 

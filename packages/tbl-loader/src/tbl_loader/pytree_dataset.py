@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 import tbl_format
+from tbl_format import DEFAULT_MAX_OPEN
 
-from .pytree_batch import DEFAULT_MAX_OPEN, Collator, RowSource
+from .pytree_batch import Collator, RowSource
 
 __all__ = ["PyTreeDataset", "as_indices"]
 
@@ -88,7 +89,8 @@ class PyTreeDataset:
     ``close()``).
 
     Return types of ``ds[i]``: int leaves -> ``int``, float -> ``float``, bool ->
-    ``bool``, str -> ``str``, bytes and encoded images -> ``bytes``, arrays ->
+    ``bool``, str -> ``str``, bytes and encoded images -> ``bytes``, var_list ->
+    ``list``, none -> ``None`` (an optional leaf: None where a row holds None), arrays ->
     numpy arrays that are *read-only views of the map* (``writeable=False``;
     ``torch.from_numpy`` would warn on them: pass ``copy_arrays=True`` or use
     ``get_batch``, whose arrays are always fresh and writable).
@@ -209,7 +211,7 @@ class PyTreeDataset:
 
     @property
     def fingerprint(self) -> str:
-        """SHA-256 of the schema, metadata, rows per shard and shard header checksums."""
+        """The dataset's ``tbl_format.Dataset.fingerprint`` (taken when this PyTreeDataset was created)."""
         return self._fingerprint
 
     @property

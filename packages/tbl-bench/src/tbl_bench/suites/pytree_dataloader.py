@@ -55,7 +55,7 @@ def part_samples(part: int, rows: int):
 
 
 def write_tbl(dst: str, rows: int) -> None:
-    from tbl_loader import write_parallel
+    from tbl_format import write_parallel
 
     write_parallel(functools.partial(part_samples, rows=rows), PARTS, dst, workers=WORKERS, shard_bytes=64 << 20)
 

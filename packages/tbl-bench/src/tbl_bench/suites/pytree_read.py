@@ -49,7 +49,7 @@ def sample(i: int) -> dict:
 
 
 def write_tbl(dst: str, rows: int) -> None:
-    from tbl_loader import write
+    from tbl_format import write
 
     write((sample(i) for i in range(rows)), dst)
 
