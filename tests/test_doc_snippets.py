@@ -60,7 +60,6 @@ INERT_LANGS = {"", "text"}
 CHECKED_NOT_RUN = {
     "tbl bench": "measures for minutes; parsed by the real tbl parser",
     "python -m tbl_bench.demo": "2,000 photos and timed epochs (nox -s demo runs it)",
-    "python -m tbl_bench.suites.": "a benchmark",
     "python -m pytest": "a test suite of its own (nox -s tests runs it)",
 }
 COMMAND_TIMEOUT_S = 120
@@ -436,6 +435,6 @@ def test_shell_parsing_and_refusals():
         shell_commands(Block(ROOT / "README.md", 1, "bash", "tbl inspect x | head\n"))
     assert shell_command_problems("x", ["rm", "-rf", "x"], None)
     assert shell_command_problems("x", ["tbl", "bench", "--no-such-flag"], None)
-    assert shell_command_problems("x", ["python", "-m", "tbl_bench.suites.no_such_suite"], None)
+    assert shell_command_problems("x", ["python", "-m", "tbl_bench.demo_no_such_module"], None)
     assert _resolve("tbl_format.no_such_name")
     assert _resolve("tbl_format.open") is None
