@@ -199,3 +199,25 @@ def test_random_byte_damage_raises_only_format_errors(tmp_path):
             ds.verify()
         except tf.FormatError:
             pass
+
+
+def test_a_file_declares_the_minor_of_what_it_uses(tmp_path, hdr):
+    path = tf.write([{"t": ["a"]}, {"t": []}], tmp_path / "l.tbl")
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<H", raw, 10, 0)  # claim 1.0 for a file with a var_list leaf
+    path.write_bytes(bytes(raw))
+    hdr.rewrite(path, hdr.read(path))  # refreshes the header CRC over the new minor
+    with pytest.raises(tf.InvalidSchemaError, match="needs format 1.1"):
+        tf.open(path)
+
+
+def test_a_later_minor_with_unknown_leaf_fields_is_an_unsupported_version(tmp_path, hdr):
+    path = tf.write([{"a": 1}], tmp_path / "f.tbl")
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<H", raw, 10, 9)
+    path.write_bytes(bytes(raw))
+    header = hdr.read(path)
+    header["schema"]["dict"][0][1]["leaf"]["unit"] = "m"  # a leaf field a later minor might add
+    hdr.rewrite(path, header)
+    with pytest.raises(tf.UnsupportedVersionError, match="1.9 uses what this reader"):
+        tf.open(path)

@@ -70,8 +70,8 @@ def _has(mod: str) -> bool:
 @functools.lru_cache(maxsize=1)
 def seeds() -> tuple[bytes, ...]:
     """Valid files to damage: the golden ones plus, where numpy and lz4 exist, a native file with every leaf kind."""
-    names = ["native_valid.tbl", "native_valid_small.tbl", "v2_valid_raw.tbl", "v2_valid_mixed.tbl",
-             "v2_valid_gapped.tbl", "v2_valid_empty.tbl"]
+    names = ["native_valid.tbl", "native_valid_small.tbl", "native_valid_v11.tbl", "v2_valid_raw.tbl",
+             "v2_valid_mixed.tbl", "v2_valid_gapped.tbl", "v2_valid_empty.tbl"]
     if _has("lz4"):
         names.append("v2_valid_lz4.tbl")
     out = [(GOLDEN / n).read_bytes() for n in names]
@@ -83,10 +83,14 @@ def seeds() -> tuple[bytes, ...]:
         schema = tf.Schema({
             "img": tf.Leaf("image", shape=(2, 2, 3)), "va": tf.Leaf("var_array", dtype="float32", ndim=2),
             "b": tf.Leaf("bytes"), "s": tf.Leaf("str"), "f": tf.Leaf("float"), "ok": tf.Leaf("bool"),
-            "t": (tf.Leaf("int"), [tf.Leaf("str")]),
+            "t": (tf.Leaf("int"), [tf.Leaf("str")]), "ls": tf.Leaf("var_list", item="str", optional=True),
+            "lf": tf.Leaf("var_list", item="float"), "oa": tf.Leaf("array", dtype="int16", shape=(2,), optional=True),
+            "ov": tf.Leaf("var_array", dtype="uint8", ndim=1, optional=True), "none": tf.Leaf("none"),
         })
         rows = [{"img": np.full((2, 2, 3), i, np.uint8), "va": np.ones((i, 2), np.float32), "b": b"x" * i * 9,
-                 "s": "s" * i * 20, "f": i / 3, "ok": i % 2 == 0, "t": (i, [f"{i}"])} for i in range(3)]
+                 "s": "s" * i * 20, "f": i / 3, "ok": i % 2 == 0, "t": (i, [f"{i}"]),
+                 "ls": None if i == 1 else ["ab" * i] * i, "lf": [i / 2] * i, "oa": None if i == 0 else np.ones(2, np.int16),
+                 "ov": None if i == 2 else np.arange(i, dtype=np.uint8), "none": None} for i in range(3)]
         with tempfile.TemporaryDirectory() as tmp:
             out.append(tf.write(rows, Path(tmp) / "rich.tbl", schema=schema, compression="lz4").read_bytes())
     return tuple(out)
@@ -242,8 +246,11 @@ def exercise(path: Path) -> None:
         rows = list(range(min(n, MAX_ROWS)))
         for leaf, spec in ds.schema.leaves.items():
             ds.values(leaf, rows)
-            if spec.fixed_size:
+            if spec.fixed_size and spec.kind != "none":  # a none leaf has no values, hence no column
                 for col in ds.segments(leaf):
+                    _touch(col)
+            if spec.optional:
+                for col in ds.present_segments(leaf):
                     _touch(col)
         ds.shard(0).describe()
         ds.verify()

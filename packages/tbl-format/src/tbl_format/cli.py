@@ -79,19 +79,6 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _leaf_text(leaf: Any) -> str:
-    parts = [leaf.kind]
-    if leaf.dtype and leaf.kind != "image":
-        parts.append(leaf.dtype)
-    if leaf.shape is not None:
-        parts.append("x".join(map(str, leaf.shape)) or "()")
-    if leaf.ndim is not None:
-        parts.append(f"ndim={leaf.ndim}")
-    if leaf.format:
-        parts.append(leaf.format)
-    return " ".join(parts)
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         ds = open_dataset(args.path)
@@ -127,7 +114,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         extra = ""
         if c.get("compression"):
             extra = f"  {c['compression']} ratio {raw / stored if stored else 1.0:.2f}x"
-        print(f"  {path or '<root>':<{width}}  {_leaf_text(leaf):<28} {_fmt_bytes(stored):>10}{extra}", file=out)
+        print(f"  {path or '<root>':<{width}}  {str(leaf):<28} {_fmt_bytes(stored):>10}{extra}", file=out)
     print(f"metadata:  {json.dumps(ds.metadata, ensure_ascii=False, sort_keys=True)}", file=out)
     ds.close()
     return 0

@@ -167,6 +167,16 @@ def native_files(tmp: Path) -> dict[str, bytes]:
     offsets, heap = regions["offsets"], regions["heap"]
     schema_at = raw.index(b'"schema"', 32)
 
+    # Format 1.1 leaf kinds: lists of any length, optional leaves, a leaf that is always None.
+    v11_rows = [{"tags": None if i == 2 else ["a", "bé"][: i % 3], "o": None if i % 2 else i, "none": None}
+                for i in range(4)]
+    v11 = tf.write(v11_rows, tmp / "v11.tbl").read_bytes()
+    v11_items = native_header(v11)["columns"][0]["regions"]["items"]
+    future = json.loads(json.dumps(header))
+    future["schema"]["dict"][0][1]["leaf"]["kind"] = "tensor"  # a leaf kind from a later minor
+    later = json.loads(json.dumps(header))
+    later["added_in_a_later_minor"] = {"ignored": True}  # a header key this reader does not know
+
     beyond = json.loads(json.dumps(header))
     beyond["columns"][0]["regions"]["heap"]["offset"] = 1 << 40
     wrap = json.loads(json.dumps(header))
@@ -186,6 +196,10 @@ def native_files(tmp: Path) -> dict[str, bytes]:
         "native_offset_u64_wrap.tbl": native_with_header(raw, wrap),
         "native_header_over_cap.tbl": put(raw, 12, "<I", 16 * 1024 * 1024 + 1),
         "native_data_checksum.tbl": flip(raw, heap["offset"] + 1, 0x01),
+        "native_valid_v11.tbl": v11,
+        "native_v11_items_crc.tbl": flip(v11, v11_items["offset"] + 8, 0x01),
+        "native_later_minor_unknown_kind.tbl": native_with_header(put(raw, 10, "<H", 7), future),
+        "native_later_minor_known_kinds.tbl": native_with_header(put(raw, 10, "<H", 7), later),
     }
 
 
@@ -242,6 +256,12 @@ EXPECTED: dict[str, dict] = {
     "native_offset_u64_wrap.tbl": {"outcome": "error", "stage": "open", "error": "RegionBoundsError"},
     "native_header_over_cap.tbl": {"outcome": "error", "stage": "open", "error": "HeaderTooLargeError"},
     "native_data_checksum.tbl": {"outcome": "error", "stage": "verify", "error": "DataChecksumError"},
+    "native_valid_v11.tbl": {"outcome": "ok", "rows": 4},
+    "native_v11_items_crc.tbl": {"outcome": "error", "stage": "open", "error": "TableChecksumError"},
+    # A later minor's unknown leaf kind is refused as a version this reader cannot read, never guessed at;
+    "native_later_minor_unknown_kind.tbl": {"outcome": "error", "stage": "open", "error": "UnsupportedVersionError"},
+    # a later minor whose schema uses only known kinds reads, its unknown header keys ignored.
+    "native_later_minor_known_kinds.tbl": {"outcome": "ok", "rows": 4},
     "v2_valid_raw.tbl": {"outcome": "ok", "rows": 3},
     "v2_valid_mixed.tbl": {"outcome": "ok", "rows": 3},
     "v2_valid_lz4.tbl": {"outcome": "ok", "rows": 3, "requires": ["lz4"]},
