@@ -168,25 +168,22 @@ def sibling_violations(path: Path, own: str, packages: Path = PACKAGES) -> list[
         elif name not in allowed:
             problems.append(f"{path}:{line} uses {module}.{name}, which is not in {module}.__all__")
 
+    def check_path(dotted: str, line: int) -> bool:
+        """A dotted module path ``pkg.sub`` must be a public submodule; True when it may be read further."""
+        if "." not in dotted:
+            return True
+        parent, _, sub = dotted.rpartition(".")
+        check(parent, sub, line)
+        return public_names(dotted, packages) is not None
+
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                top = alias.name.split(".")[0]
-                if top not in siblings:
-                    continue
-                if "." in alias.name:
-                    parent, _, sub = alias.name.rpartition(".")
-                    check(parent, sub, node.lineno)
-                aliases[alias.asname or top] = alias.name if alias.asname else top
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            top = node.module.split(".")[0]
-            if top not in siblings:
-                continue
-            if "." in node.module:
-                parent, _, sub = node.module.rpartition(".")
-                check(parent, sub, node.lineno)
-                if public_names(node.module, packages) is None:
-                    continue  # reported once, for the module
+            for alias in (a for a in node.names if a.name.split(".")[0] in siblings):
+                check_path(alias.name, node.lineno)
+                aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in siblings:
+            if not check_path(node.module, node.lineno):
+                continue  # reported once, for the module
             for alias in node.names:
                 check(node.module, alias.name, node.lineno)
                 sub = f"{node.module}.{alias.name}"

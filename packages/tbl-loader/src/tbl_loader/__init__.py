@@ -10,7 +10,7 @@ from .image_loader import Batch, ImageLoader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
 from .order import BatchPlan, EpochOrder
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
-from .pipeline import BatchSource, HostPipeline, LoaderClosedError
+from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
 from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
@@ -23,6 +23,7 @@ __all__ = [
     "ConvertReport",
     "EpochOrder",
     "HostArray",
+    "HostLoader",
     "HostPipeline",
     "IMAGENET_MEAN",
     "IMAGENET_STD",

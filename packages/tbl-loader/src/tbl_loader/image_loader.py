@@ -16,7 +16,6 @@ one :class:`~tbl_loader.image_spec.ImageSpec`.
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,11 +24,11 @@ import tbl_format
 
 from . import order
 from ._kernels import kernels
-from .cursor import Resumable, StreamCursor, StreamOptions
+from .cursor import StreamCursor, StreamOptions
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
-from .pipeline import HostPipeline
+from .pipeline import HostLoader, HostPipeline
 
 __all__ = ["Batch", "ImageLoader"]
 
@@ -105,7 +104,7 @@ class _ImageSource:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
 
 
-class ImageLoader(Resumable):
+class ImageLoader(HostLoader):
     """Batches ``Batch(images, labels, indices)`` from a converted image dataset.
 
     ``path``: a ``.tbl`` file, a dataset directory or a TurboLoader v2 file (opened
@@ -171,41 +170,21 @@ class ImageLoader(Resumable):
             dataset, closers = path, []
         try:
             columns = spec.bind(dataset)
-            self.cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
-                                       settings=spec.stream_settings())
+            cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
+                                  settings=spec.stream_settings())
             source = _ImageSource(columns, spec, options.seed)
-            self._pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
-                                          closers=closers)
+            pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
         except BaseException:
             for close in closers:
                 close()
             raise
-        self.cursor.on_jump(self._pipeline.stop)
-        weakref.finalize(self, self._pipeline.close)
+        self._compose(cursor, pipeline)
         if num_threads is not None:
             kernels.set_num_threads(num_threads)
         self.dataset = dataset
         self.spec = spec
-        self.output = output
-        self.prefetch = prefetch
         self.image_shape = columns.image_shape
         self.has_labels = columns.labels is not None
 
-    def __iter__(self):
-        return self._pipeline.run(self.cursor, self._make_batch)
-
-    def close(self) -> None:
-        """Stop the producer, release the buffers, close the dataset if this loader opened it."""
-        self._pipeline.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._pipeline.closed
-
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
-        indices = plan.sample_ids.copy()
-        if self.output.backend == "torch":
-            import torch
-
-            indices = torch.from_numpy(indices)
-        return Batch(outputs["images"], outputs.get("labels"), indices)
+        return Batch(outputs["images"], outputs.get("labels"), self._indices(plan))

@@ -25,13 +25,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .cursor import StreamCursor
+from .cursor import Resumable, StreamCursor
 from .order import BatchPlan
 from .output import HostArray, OutputSpec
 from .producer import Producer
 from .ring import Ring, Slot
 
-__all__ = ["BatchSource", "HostPipeline", "LoaderClosedError"]
+__all__ = ["BatchSource", "HostLoader", "HostPipeline", "LoaderClosedError"]
 
 
 class LoaderClosedError(RuntimeError):
@@ -198,3 +198,50 @@ class HostPipeline:
             self._ring = None
         for close in self._closers:
             close()
+
+
+class HostLoader(Resumable):
+    """A loader made of a :class:`StreamCursor` and a :class:`HostPipeline`: iteration, close, lifetime.
+
+    A subclass builds both, hands them to :meth:`_compose`, and turns each
+    published batch into the user's object in ``_make_batch(outputs, payload, plan)``.
+    """
+
+    _pipeline: HostPipeline
+
+    def _compose(self, cursor: StreamCursor, pipeline: HostPipeline) -> None:
+        self.cursor = cursor
+        self._pipeline = pipeline
+        cursor.on_jump(pipeline.stop)  # a jump ends the running pass
+        weakref.finalize(self, pipeline.close)  # collection stops the producer and unmaps
+
+    @property
+    def output(self) -> OutputSpec:
+        return self._pipeline.output
+
+    @property
+    def prefetch(self) -> int:
+        return self._pipeline.prefetch
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._pipeline.run(self.cursor, self._make_batch)
+
+    def close(self) -> None:
+        """Stop the producer, release the buffers, close the dataset if this loader opened it."""
+        self._pipeline.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._pipeline.closed
+
+    def _indices(self, plan: BatchPlan) -> Any:
+        """The batch's dataset rows (int64, host), as a tensor when the output is torch."""
+        indices = plan.sample_ids.copy()
+        if self.output.backend == "torch":
+            import torch  # only loaders that output torch get here
+
+            return torch.from_numpy(indices)
+        return indices
+
+    def _make_batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan) -> Any:
+        raise NotImplementedError

@@ -15,17 +15,16 @@ takes over when it is handed out.
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Any
 
 import numpy as np
 
 import tbl_format
 
-from .cursor import Resumable, StreamCursor, StreamOptions
+from .cursor import StreamCursor, StreamOptions
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
-from .pipeline import HostPipeline
+from .pipeline import HostLoader, HostPipeline
 from .pytree_batch import Collator, Padded, RowSource
 from .state import pytree_fingerprint_v0_1
 
@@ -53,7 +52,7 @@ class _PyTreeSource:
         return self.collator.var_columns(self.source, ids) if self.collator.var else None
 
 
-class PyTreeLoader(Resumable):
+class PyTreeLoader(HostLoader):
     """Batches of collated sample pytrees from a ``.tbl`` file or dataset directory.
 
     Each batch is the dataset's pytree with one value per leaf: fixed-size leaves
@@ -103,33 +102,19 @@ class PyTreeLoader(Resumable):
         source = RowSource(path, max_open=max_open, verify=verify)
         try:
             collator = Collator(source.schema, leaves, var)
-            self.cursor = StreamCursor(source.num_rows, options, dataset_fingerprint=source.dataset.fingerprint,
-                                       accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),))
-            self._pipeline = HostPipeline(_PyTreeSource(source, collator), output, capacity=options.batch_size,
-                                          prefetch=prefetch, closers=[source.close])
+            cursor = StreamCursor(source.num_rows, options, dataset_fingerprint=source.dataset.fingerprint,
+                                  accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),))
+            pipeline = HostPipeline(_PyTreeSource(source, collator), output, capacity=options.batch_size,
+                                    prefetch=prefetch, closers=[source.close])
         except BaseException:
             source.close()
             raise
-        self.cursor.on_jump(self._pipeline.stop)
-        weakref.finalize(self, self._pipeline.close)
+        self._compose(cursor, pipeline)
         self.path = path
         self.collator = collator
         self.schema = source.schema
         self.metadata = source.metadata
-        self.output = output
-        self.prefetch = prefetch
         self.return_indices = bool(return_indices)
-
-    def __iter__(self):
-        return self._pipeline.run(self.cursor, self._make_batch)
-
-    def close(self) -> None:
-        """Stop the producer, release the buffers, close the dataset."""
-        self._pipeline.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._pipeline.closed
 
     @property
     def leaf_paths(self) -> list[str]:
@@ -147,12 +132,7 @@ class PyTreeLoader(Resumable):
         batch = collator.build(values)
         if not self.return_indices:
             return batch
-        indices = plan.sample_ids.copy()
-        if self.output.backend == "torch":
-            import torch
-
-            indices = torch.from_numpy(indices)
-        return batch, indices
+        return batch, self._indices(plan)
 
     def _convert(self, col: Any) -> Any:
         """Variable-size values as torch objects: arrays become tensors (moved to ``device``), the rest stays."""
