@@ -133,3 +133,32 @@ def test_loader_batches(dataset, var):
 
 def test_fingerprint_is_the_datasets(dataset):
     assert PyTreeDataset(dataset).fingerprint == tbl_format.open(dataset).fingerprint
+
+
+def _torch_to_numpy(value):
+    """A torch-backend batch with every tensor as numpy (NamedTuples and containers kept)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, (Padded, Masked)):
+        return type(value)(*(_torch_to_numpy(v) for v in value))
+    if isinstance(value, dict):
+        return {k: _torch_to_numpy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_torch_to_numpy(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("var", ["list", "pad"])
+def test_torch_loader_batches_hold_tensors_everywhere_numpy_has_arrays(dataset, var):
+    torch = pytest.importorskip("torch")
+    loader = PyTreeLoader(dataset, 256, seed=5, var=var, return_indices=True, backend="torch", prefetch=1)
+    batch, idx = next(iter(loader))
+    assert isinstance(batch["label"], Masked) and isinstance(batch["label"].present, torch.Tensor)
+    if var == "pad":
+        assert isinstance(batch["meta"]["extra"]["maybe"].data.data, torch.Tensor)
+    else:
+        assert all(t is None or isinstance(t, torch.Tensor) for t in batch["tokens"])
+    assert_same(_torch_to_numpy(batch), reference_batch(idx.numpy(), var))
+    loader.close()

@@ -25,7 +25,7 @@ from .cursor import StreamCursor, StreamOptions
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
-from .pytree_batch import Collator, Padded, RowSource
+from .pytree_batch import Collator, Masked, Padded, RowSource
 from .state import pytree_fingerprint_v0_1
 
 __all__ = ["PyTreeLoader"]
@@ -140,12 +140,14 @@ class PyTreeLoader(HostLoader):
 
         device = self.output.device
 
-        def tensor(a: np.ndarray) -> Any:
-            t = torch.from_numpy(a)  # a fresh writable array: no copy, no warning
-            return t if device is None else t.to(device)
+        def convert(value: Any) -> Any:
+            if isinstance(value, np.ndarray):
+                t = torch.from_numpy(value)  # a fresh writable array: no copy, no warning
+                return t if device is None else t.to(device)
+            if isinstance(value, (Padded, Masked)):
+                return type(value)(*(convert(part) for part in value))
+            return value
 
-        if isinstance(col, Padded):
-            return Padded(tensor(col.data), tensor(col.lengths))
-        if col and isinstance(col[0], np.ndarray):
-            return [tensor(a) for a in col]
-        return col
+        if isinstance(col, list):
+            return [convert(v) for v in col] if any(isinstance(v, np.ndarray) for v in col) else col
+        return convert(col)
