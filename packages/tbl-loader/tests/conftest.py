@@ -110,3 +110,20 @@ def collect(loader, limit: int | None = None):
         return None, None, np.empty(0, np.int64)
     lab = None if labs[0] is None else np.concatenate(labs)
     return np.concatenate(imgs), lab, np.concatenate(idx)
+
+
+def tree_form(value):
+    """A pytree as nested tuples that ``==`` compares exactly: containers and scalars with their type,
+    arrays by dtype, shape and bytes (subclasses of ndarray alike)."""
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, dict):
+        return ("dict", tuple((k, tree_form(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(tree_form(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def assert_tree_equal(got, want, where: str = "") -> None:
+    """Same structure, types and values, every array element bit for bit (``where`` names the item)."""
+    assert tree_form(got) == tree_form(want), where

@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+from conftest import assert_tree_equal
 
 import tbl_format
 from tbl_format import write, write_parallel
@@ -27,22 +28,6 @@ def make_sample(i: int) -> dict:
         "seq": np.arange(i % 5, dtype=np.int16) + i,
         "nest": [np.uint8(i % 256), (f"t{i}", np.float64(i) / 7)],
     }
-
-
-def assert_tree_equal(a, b, path="") -> None:
-    assert type(a) is type(b) or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)), (path, a, b)
-    if isinstance(a, dict):
-        assert list(a) == list(b), path
-        for k in a:
-            assert_tree_equal(a[k], b[k], f"{path}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for k, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_tree_equal(x, y, f"{path}/{k}")
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and np.array_equal(a, b), path
-    else:
-        assert a == b, path
 
 
 @pytest.fixture(scope="module")

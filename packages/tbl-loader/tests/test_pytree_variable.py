@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+from conftest import assert_tree_equal
 
 import tbl_format
 from tbl_loader.pytree import Masked, Padded, PyTreeDataset, PyTreeLoader
@@ -27,23 +28,6 @@ def make_sample(i: int) -> dict:
     }
 
 
-def assert_same(got, want, path=""):
-    if isinstance(want, np.ndarray):
-        assert isinstance(got, np.ndarray) and got.dtype == want.dtype and np.array_equal(got, want), path
-        return
-    assert type(got) is type(want), (path, got, want)
-    if isinstance(want, dict):
-        assert list(got) == list(want), path
-        for k in want:
-            assert_same(got[k], want[k], f"{path}/{k}")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), path
-        for k, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_same(g, w, f"{path}/{k}")
-    else:
-        assert got == want, path
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     return tbl_format.write((make_sample(i) for i in range(N)), tmp_path_factory.mktemp("var") / "ds", shard_rows=1100)
@@ -63,9 +47,9 @@ def test_items_round_trip(dataset):
     ds = PyTreeDataset(dataset)
     assert len(ds) == N
     for i in range(N):
-        assert_same(ds[i], make_sample(i), f"[{i}]")
+        assert_tree_equal(ds[i], make_sample(i), f"[{i}]")
     for i, row in enumerate(ds):
-        assert_same(row, make_sample(i), f"iter[{i}]")
+        assert_tree_equal(row, make_sample(i), f"iter[{i}]")
 
 
 def reference_batch(ids, var):
@@ -114,8 +98,8 @@ def reference_batch(ids, var):
 def test_get_batch(dataset, var, max_open):
     ds = PyTreeDataset(dataset, var=var, max_open=max_open)
     ids = np.random.default_rng(3).integers(0, N, 300)
-    assert_same(ds.get_batch(ids), reference_batch(ids, var))
-    assert_same(ds.get_batch([]), reference_batch([], var))
+    assert_tree_equal(ds.get_batch(ids), reference_batch(ids, var))
+    assert_tree_equal(ds.get_batch([]), reference_batch([], var))
     batch = ds.get_batch(ids)
     assert isinstance(batch["label"], Masked) and batch["label"].data.flags.writeable
 
@@ -125,7 +109,7 @@ def test_loader_batches(dataset, var):
     loader = PyTreeLoader(dataset, 128, seed=4, var=var, return_indices=True, backend="numpy")
     seen = []
     for batch, idx in loader:
-        assert_same(batch, reference_batch(idx, var))
+        assert_tree_equal(batch, reference_batch(idx, var))
         seen.append(np.asarray(idx).copy())
     loader.close()
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N))
@@ -160,5 +144,5 @@ def test_torch_loader_batches_hold_tensors_everywhere_numpy_has_arrays(dataset, 
         assert isinstance(batch["meta"]["extra"]["maybe"].data.data, torch.Tensor)
     else:
         assert all(t is None or isinstance(t, torch.Tensor) for t in batch["tokens"])
-    assert_same(_torch_to_numpy(batch), reference_batch(idx.numpy(), var))
+    assert_tree_equal(_torch_to_numpy(batch), reference_batch(idx.numpy(), var))
     loader.close()

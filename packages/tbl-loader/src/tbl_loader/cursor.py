@@ -189,34 +189,14 @@ class Resumable:
 
     cursor: StreamCursor
 
-    @property
-    def epoch(self) -> int:
-        return self.cursor.epoch
-
-    @property
-    def consumed(self) -> int:
-        """Global samples of the current epoch consumed so far (all ranks together)."""
-        return self.cursor.consumed
-
-    @property
-    def num_samples(self) -> int:
-        return self.cursor.num_samples
-
-    @property
-    def batch_size(self) -> int:
-        return self.cursor.options.batch_size
-
-    @property
-    def seed(self) -> int:
-        return self.cursor.options.seed
-
-    @property
-    def rank(self) -> int:
-        return self.cursor.options.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.cursor.options.world_size
+    epoch = property(lambda self: self.cursor.epoch, doc="The current epoch.")
+    consumed = property(lambda self: self.cursor.consumed,
+                        doc="Global samples of the current epoch consumed so far (all ranks together).")
+    num_samples = property(lambda self: self.cursor.num_samples, doc="Samples in the dataset.")
+    batch_size = property(lambda self: self.cursor.options.batch_size, doc="Samples per batch.")
+    seed = property(lambda self: self.cursor.options.seed, doc="Seed of every random draw.")
+    rank = property(lambda self: self.cursor.options.rank, doc="This process's rank.")
+    world_size = property(lambda self: self.cursor.options.world_size, doc="Ranks sharing the stream.")
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch`` (no-op when already in ``epoch``: keeps a resumed position)."""

@@ -215,13 +215,8 @@ class HostLoader(Resumable):
         cursor.on_jump(pipeline.stop)  # a jump ends the running pass
         weakref.finalize(self, pipeline.close)  # collection stops the producer and unmaps
 
-    @property
-    def output(self) -> OutputSpec:
-        return self._pipeline.output
-
-    @property
-    def prefetch(self) -> int:
-        return self._pipeline.prefetch
+    output = property(lambda self: self._pipeline.output, doc="Backend and placement of the batches (OutputSpec).")
+    prefetch = property(lambda self: self._pipeline.prefetch, doc="Batches prepared ahead by the producer.")
 
     def __iter__(self) -> Iterator[Any]:
         return self._pipeline.run(self.cursor, self._make_batch)
