@@ -1,12 +1,22 @@
-"""Real-photo test images for the conversion tests, built from scikit-image's sample photographs.
+"""Test inputs for the conversion tests: real-photo images built from scikit-image's sample photographs,
+and hostile trees (FIFOs, sparse files, sparse TARs), a CLI runner, process lists and tree checksums.
 
-Every helper is deterministic (seeded) so failures reproduce.
+Every helper is deterministic (seeded) so failures reproduce. Every run of the CLI has a timeout and
+fails the test on a traceback; nothing here ever opens a FIFO.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +120,169 @@ def write_bench_tar(path: Path, n: int = 2000, classes: int = 10, seed: int = 0)
         for i in range(n)
     }
     return write_tar(path, files)
+
+
+# ---------------------------------------------------------------- hostile inputs
+
+CLI_TIMEOUT = 120
+
+
+def jpeg(seed: int, side: int = 48) -> bytes:
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    img = Image.fromarray(small).resize((side, side + seed % 7), Image.Resampling.BILINEAR)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=85)
+    return buf.getvalue()
+
+
+def good_tree(root: Path, per_class: int = 3, classes: int = 2) -> Path:
+    for c in range(classes):
+        (root / f"c{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            (root / f"c{c}" / f"img{i}.jpg").write_bytes(jpeg(c * 100 + i))
+    return root
+
+
+def sparse_file(path: Path, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def sparse_tar(path: Path, members: dict[str, bytes], huge: dict[str, int]) -> Path:
+    """A plain TAR of ``members`` plus members of the given sizes made of holes (no data written)."""
+    with open(path, "wb") as f:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            f.write(info.tobuf(tarfile.GNU_FORMAT))
+            f.write(data + b"\0" * (-len(data) % 512))
+        for name, size in huge.items():
+            info = tarfile.TarInfo(name)
+            info.size = size
+            f.write(info.tobuf(tarfile.GNU_FORMAT))
+            f.seek(size + (-size % 512), os.SEEK_CUR)
+        f.write(b"\0" * 1024)
+    return path
+
+
+def make_socket(path: Path) -> bool:
+    """A Unix socket file at ``path`` (closed at once; the file stays). False where not possible."""
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(str(path))
+        finally:
+            s.close()
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tbl_format.cli", "convert", *args]
+
+
+def run_cli(*args: str, timeout: float = CLI_TIMEOUT, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``tbl convert ARGS``; fails on a hang (timeout) and on any traceback."""
+    result = subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout, result.stdout
+    return result
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The CLI's own lines (the resource tracker of a killed pool may add warnings of its own)."""
+    return [line for line in stderr.splitlines() if line.startswith("tbl convert:")]
+
+
+# ---------------------------------------------------------------- processes (from /proc: no psutil needed)
+
+
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) of every process."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                text = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = text.rsplit(")", 1)[1].split()
+            table[int(name)] = (int(fields[1]), fields[0])
+    return table
+
+
+def descendants(pid: int) -> set[int]:
+    table = process_table()
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, _) in table.items():
+            if ppid == parent and child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def alive(pids: set[int]) -> set[int]:
+    table = process_table()
+    return {p for p in pids if p in table and table[p][1] not in ("Z", "X")}
+
+
+def wait_for_descendants(proc: subprocess.Popen, count: int, timeout: float = 60.0) -> set[int]:
+    """Wait until ``proc`` has at least ``count`` live descendants; returns them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = alive(descendants(proc.pid))
+        if len(found) >= count:
+            return found
+        if proc.poll() is not None:
+            raise AssertionError(f"the conversion ended (rc {proc.returncode}) before {count} processes started")
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} processes started within {timeout} s")
+
+
+def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    left = alive(pids)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = alive(pids)
+    return left
+
+
+def kill_all(pids: set[int]) -> None:
+    for p in alive(pids):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ---------------------------------------------------------------- tree checksums
+
+
+def tree_state(root: Path, skip: set[Path] = frozenset()) -> dict[str, tuple]:
+    """What every entry under root is: type and link target, or a checksum of a regular file's bytes
+    (size and mtime for files over 4 MiB, e.g. sparse ones). FIFOs and devices are never opened."""
+    state: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):  # links are not followed
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if any(p == s or s in p.parents for s in skip):
+                continue
+            st = os.lstat(p)
+            rel = str(p.relative_to(root))
+            if stat.S_ISLNK(st.st_mode):
+                state[rel] = ("link", os.readlink(p))
+            elif stat.S_ISREG(st.st_mode):
+                if st.st_size > 4 << 20:
+                    state[rel] = ("big", st.st_size, st.st_mtime_ns, st.st_ino)
+                else:
+                    state[rel] = ("file", hashlib.sha256(p.read_bytes()).hexdigest(), st.st_mode)
+            else:
+                state[rel] = ("other", stat.S_IFMT(st.st_mode), st.st_ino)
+    return state

@@ -241,12 +241,13 @@ def cli(argv: list[str]) -> int:
 
 def test_cli(tmp_path: Path, corrupt_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dst = tmp_path / "c.tbl"
-    assert cli(["convert", str(corrupt_tree), str(dst), "--size", "24", "--workers", "1", "--quiet"]) == 1
+    # a bad image with --on-error fail: the conversion failed, nothing published (3)
+    assert cli(["convert", str(corrupt_tree), str(dst), "--size", "24", "--workers", "1", "--quiet"]) == 3
     assert "bad_text.jpg" in capsys.readouterr().err and not dst.exists()
     report = tmp_path / "r.json"
     argv = ["convert", str(corrupt_tree), str(dst), "--size", "24", "--mode", "squash", "--workers", "1",
             "--on-error", "skip", "--report", str(report), "--quiet", "--resample", "lanczos"]
-    assert cli(argv) == 0
+    assert cli(argv) == 1  # published, with images left out
     err = capsys.readouterr().err
     assert "bad_empty.jpg" in err and "3 image(s) failed" in err
     assert json.loads(report.read_text())["failed"] == 3
@@ -255,7 +256,7 @@ def test_cli(tmp_path: Path, corrupt_tree: Path, capsys: pytest.CaptureFixture[s
     for i in range(2):
         argv = ["convert", str(corrupt_tree), str(tmp_path / f"p{i}"), "--size", "24", "--part", f"{i}/2",
                 "--shards", "2", "--on-error", "skip", "--workers", "1", "--quiet"]
-        assert cli(argv) == 0
+        assert cli(argv) == 1
     assert cli(["convert", "--merge", str(tmp_path / "p0"), str(tmp_path / "p1"), str(tmp_path / "m"), "--quiet"]) == 0
     assert len(read_back(tmp_path / "m")[1]) == 21
     assert cli(["convert", str(corrupt_tree), str(dst)]) == 2  # --size missing

@@ -3,22 +3,41 @@
     tbl convert SRC DST --size S [--mode center_crop|squash] [--workers N]
                 [--on-error fail|skip] [--shard-rows N | --shards N] [--part i/n]
                 [--report PATH] [--quiet] [--label-file F] [--resample R] [--no-draft]
+                [--force] [--max-image-bytes N]
     tbl convert --merge PART [PART ...] DST
 
-Exit status: 0 on success, 1 when the source or an image is bad (the message
-names it; nothing is published), 2 for usage errors, 130 on Ctrl-C (nothing is
-published).
+Exit status and outcome (every error is one line on stderr naming the path and the cause):
+
+    0    published; every image converted, the report written
+    1    published, with something to look at: images left out (--on-error skip), folders or
+         second names of a file skipped by the listing, or the report could not be written
+    2    refused before converting, nothing written or removed: a usage error, a bad option,
+         an unusable source (missing, a FIFO or device, no images, a bad label file), a refused
+         destination (a link, FIFO or device; the source itself; a folder for a file or the
+         reverse; an existing dataset without --force) or report path
+    3    the conversion failed, nothing published: a bad image with --on-error fail, a worker
+         crash, an I/O error (a full disk, no permission), out of memory
+    130  interrupted (Ctrl-C, SIGINT); nothing published
+    143  terminated (SIGTERM); nothing published
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .decode import MODES, RESAMPLE
 
 __all__ = ["register_convert", "run_convert"]
+
+EXIT_OK, EXIT_INCOMPLETE, EXIT_REFUSED, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 EPILOG = """\
 sources: a TAR (plain or gzip/bzip2/xz) in ImageNet layout (class_name/x.JPEG), a folder tree
@@ -53,33 +72,97 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--label-file", default=None, help="CSV/TSV of name,label for a flat TAR or folder")
     p.add_argument("--report", default=None, help="JSON report path (default: DST.report.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print the summary only on failures")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing dataset at DST (only its own TBL shard files are removed)")
+    p.add_argument("--max-image-bytes", type=_byte_count, default=None, metavar="N",
+                   help="encoded size cap on one image, e.g. 64M (default 256M); a bigger one is a bad image")
     p.add_argument("--merge", action="store_true", help="join part outputs PART... into DST instead of converting")
     p.set_defaults(func=run_convert)
     return p
 
 
+def _byte_count(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*", text)
+    if m is None or int(m.group(1)) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive byte count such as 1000000, 64M or 1G, got {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the conversion unwinds like a Ctrl-C (the writer aborts)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _one_line(e: BaseException) -> str:
+    notes = getattr(e, "__notes__", None) or []
+    return "; ".join(" ".join(str(x).split()) for x in [e, *notes] if str(x))
+
+
+def _error(message: str) -> None:
+    print(f"tbl convert: {message}", file=sys.stderr)
+
+
 def run_convert(args: argparse.Namespace) -> int:
-    from .conversion import ImageDecodeError, SourceError, WorkerCrashError, convert, merge_parts
+    dst = args.paths[-1] if args.paths else "DST"
+    try:
+        with _sigterm_unwinds():
+            return _run(args)
+    except KeyboardInterrupt:
+        _error(f"interrupted; nothing was published at {dst}")
+        return EXIT_SIGINT
+    except _Terminated:
+        _error(f"terminated (SIGTERM); nothing was published at {dst}")
+        return EXIT_SIGTERM
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .conversion import (
+        DestinationError,
+        ImageDecodeError,
+        SourceError,
+        WorkerCrashError,
+        convert,
+        merge_parts,
+    )
 
     if args.merge:
         if len(args.paths) < 2:
-            print("tbl convert --merge: give at least one PART and a DST", file=sys.stderr)
-            return 2
+            _error("--merge: give at least one PART and a DST")
+            return EXIT_REFUSED
         try:
             dst = merge_parts(args.paths[:-1], args.paths[-1])
-        except (ValueError, OSError) as e:
-            print(f"tbl convert --merge: error: {e}", file=sys.stderr)
-            return 1
+        except ValueError as e:
+            _error(f"--merge: error: {_one_line(e)}; nothing was published")
+            return EXIT_REFUSED
+        except OSError as e:
+            _error(f"--merge: error: {_one_line(e)}; nothing was published")
+            return EXIT_FAILED
         if not args.quiet:
             print(f"merged {len(args.paths) - 1} part(s) -> {dst}", file=sys.stderr)
-        return 0
+        return EXIT_OK
     if len(args.paths) != 2:
-        print(f"tbl convert: expected SRC DST, got {len(args.paths)} path(s)", file=sys.stderr)
-        return 2
+        _error(f"expected SRC DST, got {len(args.paths)} path(s)")
+        return EXIT_REFUSED
     if args.size is None:
-        print("tbl convert: --size is required", file=sys.stderr)
-        return 2
+        _error("--size is required")
+        return EXIT_REFUSED
     src, dst = args.paths
+    options = {} if args.max_image_bytes is None else {"max_image_bytes": args.max_image_bytes}
     try:
         rep = convert(
             src,
@@ -96,16 +179,24 @@ def run_convert(args: argparse.Namespace) -> int:
             label_file=args.label_file,
             resample=args.resample,
             draft=args.draft,
+            force=args.force,
+            **options,
         )
-    except KeyboardInterrupt:
-        print(f"tbl convert: interrupted; nothing was written to {dst}", file=sys.stderr)
-        return 130
-    except (ImageDecodeError, SourceError, WorkerCrashError) as e:
-        print(f"tbl convert: error: {e}\nnothing was written to {dst}", file=sys.stderr)
-        return 1
-    except ValueError as e:  # bad option values (size, part, workers, ...)
-        print(f"tbl convert: error: {e}", file=sys.stderr)
-        return 2
-    if not args.quiet or rep.failed:
+    except (ImageDecodeError, WorkerCrashError) as e:
+        _error(f"error: {_one_line(e)}; nothing was published at {dst}")
+        return EXIT_FAILED
+    except (SourceError, DestinationError, ValueError) as e:  # refused up front; ValueError: bad option values
+        _error(f"error: {_one_line(e)}; nothing was written")
+        return EXIT_REFUSED
+    except OSError as e:  # a full disk, no permission, an I/O error while writing
+        _error(f"I/O error: {_one_line(e)}; nothing was published at {dst}")
+        return EXIT_FAILED
+    except MemoryError:
+        _error(f"out of memory (fewer --workers, or a smaller --max-image-bytes); nothing was published at {dst}")
+        return EXIT_FAILED
+    incomplete = bool(rep.failed or rep.skipped or rep.report_error)
+    if not args.quiet or incomplete:
         print(rep.summary(), file=sys.stderr)
-    return 0
+    if rep.report_error is not None:
+        _error(f"{rep.report_error} (the dataset was published)")
+    return EXIT_INCOMPLETE if incomplete else EXIT_OK

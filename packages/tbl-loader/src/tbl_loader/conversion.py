@@ -37,31 +37,65 @@ needs the usual ``if __name__ == "__main__":`` guard.
 
 Failures
 --------
-A file Pillow cannot decode (corrupt, truncated, not an image, empty) is never
-stored. ``on_error="fail"`` (default) raises `ImageDecodeError` naming the
-first bad file in order and publishes nothing; ``on_error="skip"`` leaves it
-out and lists it. The output is published by the writer's temp file + atomic
-rename, so an exception or Ctrl-C leaves no dataset at ``dst``. A JSON report
-(``dst + ".report.json"`` unless ``report`` says otherwise) records counts,
-every failed file with its error, timings and images/s; it is written on
-failure too, with ``"status": "failed"``. A worker process that dies (killed,
-out of memory) raises `WorkerCrashError`; nothing is published either.
+A bad image is never stored: one Pillow cannot decode (corrupt, truncated, not
+an image, empty), one that is not a regular file (a FIFO, a device node, a
+broken link: never opened, see `tbl_loader.sources`) or one over
+``max_image_bytes`` (never read). ``on_error="fail"`` (default) raises
+`ImageDecodeError` naming the first bad file in order and publishes nothing;
+``on_error="skip"`` leaves it out and lists it. Folders and second names of
+one file that the listing skipped are listed in the report too
+(`ConvertReport.skipped`). The output is published by the writer's temp file
++ atomic rename, so an exception or Ctrl-C leaves no dataset at ``dst``. A
+worker process that dies (killed, out of memory) raises `WorkerCrashError`;
+nothing is published either. Workers end with the converting process however
+it ends (SIGKILL included): none is left behind.
+
+Destination
+-----------
+Checked before the source is read, refused with `DestinationError` (nothing
+is written or removed): a ``dst`` that is a symbolic link, a FIFO, a device
+node or a socket (it is never replaced); a ``dst`` that is the source or the
+label file; a directory where a file is written (no ``shard_rows`` /
+``shards``) or a file where a directory is; an existing ``dst`` unless
+``force=True``. An empty directory is not "existing". With ``force=True`` an
+existing ``.tbl`` file is replaced, and a dataset directory is replaced only
+if each shard file its manifest lists is a regular TBL file the directory
+itself holds (no link on the way): the writer removes those after
+publishing and nothing else; otherwise the dataset is refused and left as
+it is. A non-empty directory that is not a dataset takes the new dataset
+with ``force=True`` and loses nothing. A file that is not a TBL dataset is
+never replaced.
+
+Report
+------
+A JSON report (``dst + ".report.json"`` unless ``report`` says otherwise)
+records counts, every failed and skipped file with why, timings and
+images/s; it is written on failure too, with ``"status": "failed"``. A report
+path that is not a regular file, is the source, the label file or ``dst``,
+or exists and is not a conversion report, is refused up front. If writing the report fails at the end (no
+space, no permission), the dataset is published anyway and
+`ConvertReport.report_error` says why; on a failed conversion the exception
+carries that as a note.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import multiprocessing
 import os
+import select
 import signal
+import stat
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,11 +107,21 @@ from PIL import features
 import tbl_format
 
 from .decode import ALPHA_BACKGROUND, PillowConfigError, check_params, check_strict, preprocess_image
-from .sources import Listing, Locator, SourceError, TarReader, open_source, read_file
+from .sources import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    Listing,
+    Locator,
+    SourceError,
+    TarReader,
+    describe_mode,
+    open_source,
+    read_file,
+)
 from .version import __version__
 
 __all__ = [
     "ConvertReport",
+    "DestinationError",
     "ImageDecodeError",
     "ImageError",
     "SourceError",
@@ -97,6 +141,8 @@ MAX_CHUNK = 32
 CHUNK_BYTES = 4 << 20
 CHUNKS_IN_FLIGHT_PER_WORKER = 4
 SUMMARY_ERRORS = 20  # failed files named in the printed summary; the report file lists all
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+REPORT_MAX_BYTES = 1 << 30  # an existing report is read to check it is one before it is replaced
 
 
 class ImageDecodeError(ValueError):
@@ -110,6 +156,10 @@ class ImageDecodeError(ValueError):
 
 class WorkerCrashError(RuntimeError):
     """A worker process died (killed, out of memory, crashed in a decoder); nothing is published."""
+
+
+class DestinationError(ValueError):
+    """The destination (or the report path) is refused before any work; nothing is written or removed."""
 
 
 @dataclass(frozen=True)
@@ -141,9 +191,12 @@ class ConvertReport:
     errors: list[ImageError]
     ignored_files: int  # non-image / hidden / unlisted files in the source
     classes: int
+    skipped: list[ImageError] = field(default_factory=list)  # folders / second names the listing left out
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     timings: dict[str, float] = field(default_factory=dict)  # scan_s, convert_s, total_s
     images_per_s: float = 0.0  # images processed / total_s (end to end)
     error: str | None = None  # why a failed conversion stopped
+    report_error: str | None = None  # why the report file could not be written (then it is not there)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -162,6 +215,11 @@ class ConvertReport:
             lines.extend(f"  {e.name}: {e.message}" for e in self.errors[:SUMMARY_ERRORS])
             if self.failed > SUMMARY_ERRORS:
                 lines.append(f"  ... and {self.failed - SUMMARY_ERRORS} more (all are in the report file)")
+        if self.skipped:
+            lines.append(f"{len(self.skipped)} folder(s) or file name(s) skipped:")
+            lines.extend(f"  {e.name}: {e.message}" for e in self.skipped[:SUMMARY_ERRORS])
+            if len(self.skipped) > SUMMARY_ERRORS:
+                lines.append(f"  ... and {len(self.skipped) - SUMMARY_ERRORS} more (all are in the report file)")
         if self.ignored_files:
             lines.append(f"{self.ignored_files} non-image file(s) ignored")
         return "\n".join(lines)
@@ -173,14 +231,17 @@ class ConvertReport:
 class _Decoder:
     """Reads and preprocesses samples; one per worker process (or in-process for workers=1)."""
 
-    def __init__(self, tar_path: str | None, size: int, mode: str, resample: str, draft: bool) -> None:
-        self.tar = TarReader(tar_path) if tar_path is not None else None
+    def __init__(
+        self, tar_path: str | None, max_bytes: int, size: int, mode: str, resample: str, draft: bool
+    ) -> None:
+        self.tar = TarReader(tar_path, max_bytes) if tar_path is not None else None
+        self.max_bytes = max_bytes
         self.params = (size, mode, resample, draft)
 
     def one(self, locator: Locator) -> tuple[bytes | None, str | None]:
         try:
             if isinstance(locator, str):
-                data = read_file(locator)
+                data = read_file(locator, self.max_bytes)
             else:
                 assert self.tar is not None
                 data = self.tar.read(*locator)
@@ -201,12 +262,52 @@ class _Decoder:
 _WORKER: _Decoder | None = None
 
 
-def _init_worker(tar_path: str | None, size: int, mode: str, resample: str, draft: bool) -> None:
+def _init_worker(
+    parent_pid: int, tar_path: str | None, max_bytes: int, size: int, mode: str, resample: str, draft: bool
+) -> None:
     global _WORKER
     # Ctrl-C reaches the whole process group: only the parent acts on it (it aborts the writer and
     # stops the pool); a worker finishes its chunk instead of dying with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER = _Decoder(tar_path, size, mode, resample, draft)
+    _die_with(parent_pid)
+    _WORKER = _Decoder(tar_path, max_bytes, size, mode, resample, draft)
+
+
+def _die_with(parent_pid: int) -> None:
+    """End this worker when the converting process ends, however it ends (SIGKILL included).
+
+    A pool worker's parent is the forkserver, not the converting process, and a worker blocked on
+    its task queue never sees the parent go (other workers hold the queue's write end too).
+    PR_SET_PDEATHSIG covers the forkserver ending; a thread waiting on a pidfd of the converting
+    process (readable once it exits; a pid may be reused, a pidfd is not) covers the rest.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    try:
+        pidfd: int | None = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(1)  # the converting process is gone already
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3: poll instead
+        pidfd = None
+    threading.Thread(target=_exit_when_gone, args=(parent_pid, pidfd), name="tbl-convert-parent", daemon=True).start()
+
+
+def _exit_when_gone(pid: int, pidfd: int | None) -> None:
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+    else:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                pass
+    os._exit(1)
 
 
 def _worker_chunk(locators: Sequence[Locator]) -> list[tuple[bytes | None, str | None]]:
@@ -257,16 +358,36 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+@contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back in this thread while the pool starts its processes.
+
+    The forkserver is started from this thread and inherits its signal mask, and every worker
+    inherits the forkserver's: so neither can die of a Ctrl-C with a traceback of its own before
+    it ignores SIGINT. A Ctrl-C meanwhile is delivered here, as KeyboardInterrupt, when the block
+    ends.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _results_in_order(
     listing: Listing,
     names: Sequence[str],
     locators: Sequence[Locator],
     workers: int,
+    max_bytes: int,
     params: tuple[int, str, str, bool],
 ) -> Iterator[tuple[bytes | None, str | None]]:
     """Preprocessed images (or error messages) in the order of ``locators``, with a bounded window."""
     if workers == 1:
-        decoder = _Decoder(listing.tar_path, *params)
+        decoder = _Decoder(listing.tar_path, max_bytes, *params)
         try:
             for loc in locators:
                 yield decoder.one(loc)
@@ -277,38 +398,45 @@ def _results_in_order(
     by_spread = math.ceil(len(locators) / (workers * CHUNKS_IN_FLIGHT_PER_WORKER))
     chunk = max(1, min(MAX_CHUNK, by_bytes, by_spread))
     starts = iter(range(0, len(locators), chunk))
-    pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(listing.tar_path, *params)
-    )
+    pool: ProcessPoolExecutor | None = None
     pending: deque[tuple[int, Future[list[tuple[bytes | None, str | None]]]]] = deque()
+    current = 0  # first image of the chunk being waited for
 
     def submit_next() -> None:
+        assert pool is not None
         start = next(starts, None)
         if start is not None:
             pending.append((start, pool.submit(_worker_chunk, locators[start : start + chunk])))
 
     try:
-        for _ in range(workers * CHUNKS_IN_FLIGHT_PER_WORKER):
-            submit_next()
+        with _sigint_blocked():
+            pool = ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=_mp_context(),
+                initializer=_init_worker,
+                initargs=(os.getpid(), listing.tar_path, max_bytes, *params),
+            )
+            for _ in range(workers * CHUNKS_IN_FLIGHT_PER_WORKER):
+                submit_next()
         while pending:
-            start, future = pending.popleft()
-            try:
-                results = future.result()
-            except BrokenProcessPool as e:
-                # The pool cannot tell which chunk killed it: name the range that was in flight.
-                last_start = pending[-1][0] if pending else start
-                last = names[min(last_start + chunk, len(names)) - 1]
-                raise WorkerCrashError(
-                    f"a worker process died with images {names[start]!r} .. {last!r} in flight (killed, out "
-                    f"of memory, or crashed in a decoder; if it died at start-up: a script that calls "
-                    f"convert() with workers > 1 needs an `if __name__ == '__main__':` guard and a file, not "
-                    f"stdin); nothing was published. workers=1 converts in this process"
-                ) from e
+            current, future = pending.popleft()
+            results = future.result()
             submit_next()
             yield from results
+    except BrokenProcessPool as e:
+        # Raised by result() or submit(); the pool cannot tell which chunk killed it: name the range in flight.
+        last_start = pending[-1][0] if pending else current
+        last = names[min(last_start + chunk, len(names)) - 1]
+        raise WorkerCrashError(
+            f"a worker process died with images {names[current]!r} .. {last!r} in flight (killed, out "
+            f"of memory, or crashed in a decoder; if it died at start-up: a script that calls "
+            f"convert() with workers > 1 needs an `if __name__ == '__main__':` guard and a file, not "
+            f"stdin); nothing was published. workers=1 converts in this process"
+        ) from e
     finally:
         # On an error or an early stop, drop queued chunks instead of decoding them.
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _metadata(listing: Listing, size: int, mode: str, resample: str, draft: bool) -> dict[str, Any]:
@@ -336,9 +464,124 @@ def _schema(size: int) -> tbl_format.Schema:
 
 def _write_report(report: ConvertReport, path: Path) -> None:
     """Atomic write (temp + rename) so a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what ``path`` names (links followed), None if nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _shard_is_own(directory: Path, name: str) -> str | None:
+    """Why the old shard ``name`` is not provably ``directory``'s own TBL file (None: it is, or it is gone)."""
+    where = directory
+    parts = name.split("/")
+    for part in parts[:-1]:
+        where = where / part
+        try:
+            st = os.lstat(where)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{where} is {describe_mode(st.st_mode)}"
+    where = where / parts[-1]
+    try:
+        st = os.lstat(where)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return f"{where} is {describe_mode(st.st_mode)}"
+    try:
+        tbl_format.open(where).close()
+    except (tbl_format.FormatError, OSError, ValueError) as e:
+        return f"{where} is not a readable TBL file ({e})"
+    return None
+
+
+def _check_destination(dst: Path, *, sharded: bool, force: bool, inputs: Sequence[Path]) -> None:
+    """Refuse a destination the conversion must not write (see the module docstring); DestinationError."""
+    try:
+        st = os.lstat(dst)
+    except FileNotFoundError:
+        return
+    except OSError as e:  # a parent that is a file (ENOTDIR), no permission, a link loop
+        raise DestinationError(f"{dst}: {e.strerror or e}") from e
+    kind = describe_mode(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        raise DestinationError(f"{dst} is a symbolic link; name the file or folder itself (a link is never replaced)")
+    own = (st.st_dev, st.st_ino)
+    for p in inputs:
+        if _identity(p) == own:
+            raise DestinationError(f"{dst} is the source {str(p)!r}; it is never overwritten")
+    if stat.S_ISREG(st.st_mode):
+        if sharded:
+            raise DestinationError(f"{dst} is a file; a sharded dataset (--shards or --shard-rows) is a folder")
+        if not force:
+            raise DestinationError(f"{dst} exists; pass --force (force=True) to replace it")
+        try:
+            tbl_format.open(dst).close()
+        except (tbl_format.FormatError, OSError, ValueError) as e:
+            raise DestinationError(f"{dst} is not a TBL dataset ({e}); --force replaces only a TBL file") from e
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise DestinationError(f"{dst} is {kind}; a destination is a file or a folder, and {kind} is never replaced")
+    if not sharded:
+        raise DestinationError(f"{dst} is a folder; name a file, or pass --shards or --shard-rows for a sharded dataset")
+    with os.scandir(dst) as it:
+        empty = next(it, None) is None
+    if empty:
+        return
+    if not force:
+        raise DestinationError(f"{dst} is a folder that is not empty; pass --force (force=True) to write into it")
+    if not os.path.lexists(dst / "manifest.json"):
+        return  # not a dataset: written into, nothing in it is removed
+    try:
+        ds = tbl_format.open(dst)
+        try:
+            entries = ds.shard_entries
+        finally:
+            ds.close()
+    except (tbl_format.FormatError, OSError, ValueError) as e:
+        raise DestinationError(f"{dst} holds a manifest that does not open ({e}); it is not replaced") from e
+    for entry in entries:
+        why = _shard_is_own(dst, entry["file"])
+        if why is not None:
+            raise DestinationError(
+                f"{dst}: its dataset lists {entry['file']!r}, and {why}; --force replaces a dataset only "
+                f"when every shard it lists is a TBL file the folder itself holds: nothing was changed"
+            )
+
+
+def _check_report_path(path: Path, inputs: Sequence[Path]) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise DestinationError(f"report {path}: {e.strerror or e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise DestinationError(f"report {path} is {describe_mode(st.st_mode)}; it is never replaced")
+    for p in inputs:
+        if _identity(p) == (st.st_dev, st.st_ino):
+            raise DestinationError(f"report {path} is {str(p)!r}, an input or the destination; it is never overwritten")
+    # Like a dataset, an existing file is replaced only by its own kind: a report of an earlier conversion.
+    try:
+        old = json.loads(read_file(path, REPORT_MAX_BYTES))
+    except (OSError, ValueError):
+        old = None
+    if not (isinstance(old, dict) and {"source", "destination", "status"} <= old.keys()):
+        raise DestinationError(f"report {path} exists and is not a conversion report; it is never replaced")
 
 
 def convert(
@@ -357,6 +600,8 @@ def convert(
     label_file: str | os.PathLike[str] | None = None,
     resample: str = "bilinear",
     draft: bool = True,
+    force: bool = False,
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
 ) -> ConvertReport:
     """Convert ``src`` (TAR, folder tree or list of (path, label)) to a .tbl dataset at ``dst``.
 
@@ -367,7 +612,10 @@ def convert(
     part (merge with `merge_parts`). ``report``: path of the JSON report,
     None for ``dst + ".report.json"``, False for none. ``progress``: tqdm bar
     on stderr. ``label_file``: see `tbl_loader.sources`. ``resample`` and
-    ``draft``: see `tbl_loader.decode`.
+    ``draft``: see `tbl_loader.decode`. ``force``: replace an existing
+    dataset at ``dst`` (see the module docstring for what is removed).
+    ``max_image_bytes``: encoded size cap on one image (a bigger one is a bad
+    image, never read).
     """
     t0 = time.perf_counter()
     check_params(size, mode, resample)
@@ -385,6 +633,8 @@ def convert(
     for name, value in (("shard_rows", shard_rows), ("shards", shards)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if isinstance(max_image_bytes, bool) or not isinstance(max_image_bytes, int) or max_image_bytes < 1:
+        raise ValueError(f"max_image_bytes must be a positive int, got {max_image_bytes!r}")
     part_t = parse_part(part)
     dst_path = Path(dst)
     report_path: Path | None
@@ -396,7 +646,17 @@ def convert(
         report_path = Path(report)
     params = (size, mode, resample, draft)
 
-    dst_path.parent.mkdir(parents=True, exist_ok=True)
+    sharded = shard_rows is not None or shards is not None
+    if not sharded and os.fspath(dst).endswith(("/", os.sep)):
+        raise DestinationError(f"{os.fspath(dst)}: names a folder; a folder takes a sharded dataset (shards=/shard_rows=)")
+    inputs = [Path(p) for p in (src, label_file) if isinstance(p, (str, os.PathLike))]
+    _check_destination(dst_path, sharded=sharded, force=force, inputs=inputs)
+    if report_path is not None:
+        _check_report_path(report_path, [*inputs, dst_path])
+    try:
+        dst_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
     with open_source(src, label_file=label_file, scratch_dir=dst_path.parent) as listing:
         n_all = len(listing)
         start, stop = part_range(n_all, part_t)
@@ -423,14 +683,21 @@ def convert(
             errors=[],
             ignored_files=len(listing.ignored),
             classes=len(listing.classes),
+            skipped=[ImageError(name, why) for name, why in listing.skipped],
+            max_image_bytes=max_image_bytes,
         )
         if shards is not None:
             shard_rows = max(1, math.ceil(len(names) / shards))
         try:
-            _convert_into(listing, names, labels, locators, dst_path, workers, params, on_error, shard_rows, progress, rep)
+            _convert_into(
+                listing, names, labels, locators, dst_path, workers, max_image_bytes, params, on_error, shard_rows,
+                force, progress, rep,
+            )
         except BaseException as e:
             rep.error = f"{type(e).__name__}: {e}"
             _finish(rep, t0, t_scan, report_path)
+            if rep.report_error is not None:
+                e.add_note(rep.report_error)
             raise
         rep.status = "ok"
         _finish(rep, t0, t_scan, report_path)
@@ -443,7 +710,10 @@ def _finish(rep: ConvertReport, t0: float, t_scan: float, report_path: Path | No
     done = rep.written + rep.failed
     rep.images_per_s = done / rep.timings["total_s"] if rep.timings["total_s"] > 0 else 0.0
     if report_path is not None:
-        _write_report(rep, report_path)
+        try:
+            _write_report(rep, report_path)
+        except OSError as e:  # the dataset stands (or the first error does): the report's failure is told, not raised
+            rep.report_error = f"the report {report_path} could not be written: {e.strerror or e}"
 
 
 def _convert_into(
@@ -453,9 +723,11 @@ def _convert_into(
     locators: list[Locator],
     dst: Path,
     workers: int,
+    max_bytes: int,
     params: tuple[int, str, str, bool],
     on_error: str,
     shard_rows: int | None,
+    force: bool,
     progress: bool,
     rep: ConvertReport,
 ) -> None:
@@ -463,11 +735,13 @@ def _convert_into(
 
     size = params[0]
     shape = (size, size, 3)
-    results = _results_in_order(listing, names, locators, workers, params)
+    results = _results_in_order(listing, names, locators, workers, max_bytes, params)
     # Exit order on an exception: the pool stops (closing: now, not when the traceback is freed),
     # then the bar, then the writer aborts, removing its temp files; on success it publishes.
     with (
-        tbl_format.Writer(dst, _schema(size), metadata=_metadata(listing, *params), shard_rows=shard_rows) as writer,
+        tbl_format.Writer(
+            dst, _schema(size), metadata=_metadata(listing, *params), shard_rows=shard_rows, overwrite=force
+        ) as writer,
         tqdm(total=len(names), unit="img", desc="convert", file=sys.stderr, disable=not progress) as bar,
         closing(results),
     ):
@@ -483,6 +757,9 @@ def _convert_into(
                 writer.write({"image": np.frombuffer(pixels, np.uint8).reshape(shape), "label": labels[i]})
                 rep.written += 1
             bar.update(1)
+    # Old shards the writer did not remove (not provably the old dataset's own) are told, never silent.
+    rep.skipped.extend(ImageError(str(p), "an old shard file left in place (not provably the dataset's own)")
+                       for p in writer.kept)
 
 
 def _check_part_reports(parts: Sequence[str | os.PathLike[str]]) -> None:

@@ -11,10 +11,9 @@ Folder tree (torchvision ImageFolder layout)
     ``root/<class>/**/<image>``: every first-level subfolder of ``root`` is a
     class; classes are the sorted folder names (Python ``str`` order) and a
     label is the index of its class, exactly as ImageFolder assigns them
-    (empty class folders keep their index). Images are found recursively
-    (symlinks followed). Files directly in ``root`` are ignored, and so are
-    hidden folders such as ``.ipynb_checkpoints`` (ImageFolder would count
-    them as classes).
+    (empty class folders keep their index). Images are found recursively.
+    Files directly in ``root`` are ignored, and so are hidden folders such as
+    ``.ipynb_checkpoints`` (ImageFolder would count them as classes).
 TAR (ImageNet layout)
     Plain or compressed (gzip, bzip2, xz; detected from the first bytes, not
     the file name). Each image member's class is the name of the folder that
@@ -46,6 +45,26 @@ Order: TAR and folder samples are sorted by their relative name (Python
 ``str`` order), so the order never depends on the TAR's member order or the
 file system's listing order. A list keeps the order it was given in.
 
+Symbolic links in a folder source are followed wherever they point (in the
+tree or out of it: targets are only read), with two guards so that a listing
+always ends and never holds a file twice. Each real directory (by
+``(st_dev, st_ino)``) is walked once: the root and the class folders first,
+then in walk order (entries sorted by name); a link to a directory already
+walked, a symlink loop included, is not followed and is listed in
+`Listing.skipped`. Each real file is stored once: when several names reach
+the same file (links, hard links), the first name in the sorted order is kept
+and the others are listed in `Listing.skipped`. A folder that cannot be
+listed (permission denied) is skipped the same way, never silently.
+
+Only regular files are ever opened. An entry with an image name that is not
+a regular file (a FIFO, a socket, a device node, a link to one, a broken
+link) is still a sample of the listing: reading it fails without opening it
+(`NotRegularFileError`), so it is a bad image that follows ``on_error``, named
+in the report. A source (TAR, folder, label file) that is not a regular file
+or directory is refused with `SourceError`. An image larger than
+``max_bytes`` (a huge or sparse file, a huge TAR member) is refused the same
+way (`ImageTooLargeError`) before any of it is read.
+
 Only files with an image extension are taken (case-insensitive:
 ``IMG_EXTENSIONS``, the torchvision list); hidden files and folders (name
 starting with ``.``, e.g. macOS ``._x.jpg``) and non-regular TAR members are
@@ -60,7 +79,7 @@ import csv
 import gzip
 import lzma
 import os
-import shutil
+import stat
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -70,16 +89,25 @@ from pathlib import Path
 from typing import IO, Final
 
 __all__ = [
+    "DEFAULT_MAX_IMAGE_BYTES",
     "IMG_EXTENSIONS",
+    "ImageTooLargeError",
     "Listing",
+    "NotRegularFileError",
     "SourceError",
     "TarReader",
+    "describe_mode",
+    "open_regular",
     "open_source",
     "parse_label_file",
     "read_file",
 ]
 
 IMG_EXTENSIONS: Final = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# Encoded bytes of one image, at most: far above any real photo, far below what would exhaust memory.
+DEFAULT_MAX_IMAGE_BYTES: Final = 256 << 20
+# A label file is read whole: ImageNet's is about 40 MB.
+LABEL_FILE_MAX_BYTES: Final = 1 << 30
 
 # First bytes of each compression a TAR may come in, and how to stream-decompress it.
 _COMPRESSIONS: Final = (
@@ -90,7 +118,73 @@ _COMPRESSIONS: Final = (
 
 
 class SourceError(ValueError):
-    """The conversion source is unusable: missing, unknown layout, bad label file, no images."""
+    """The conversion source is unusable: missing, not a regular file or folder, unknown layout, bad label file,
+    no images."""
+
+
+class NotRegularFileError(ValueError):
+    """A path that should be read is a FIFO, socket, device node or directory: it is never opened."""
+
+
+class ImageTooLargeError(ValueError):
+    """An image's encoded size exceeds the cap (``max_image_bytes``); none of it is read."""
+
+
+def describe_mode(mode: int) -> str:
+    """'a FIFO', 'a character device', ... for an ``st_mode``."""
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """Open a regular file for reading: (fd, fstat). Anything else raises NotRegularFileError unopened.
+
+    ``stat`` comes first so a FIFO or a device node is never opened (opening a FIFO blocks until a
+    writer comes; a device may stream without end or act on open). The open itself is non-blocking
+    and re-checked with ``fstat``, in case the path was replaced in between.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(f"{describe_mode(st.st_mode)}, not a regular file: never opened")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(f"{describe_mode(st.st_mode)}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _too_large(size: int, cap: int) -> ImageTooLargeError:
+    return ImageTooLargeError(f"{size} bytes or more, over the {cap}-byte cap on one image (max_image_bytes)")
+
+
+def _read_capped(fd: int, size_hint: int, cap: int) -> bytes:
+    """All of fd's bytes, never holding more than ``cap + 1`` of them; ImageTooLargeError beyond ``cap``."""
+    parts: list[bytes] = []
+    total = 0
+    ask = min(size_hint, cap) + 1  # one read of the stated size; the +1 sees a file that grew since fstat
+    while True:
+        chunk = os.read(fd, ask)
+        if not chunk:
+            return b"".join(parts)  # one part (the usual case) is returned as it is, not copied
+        parts.append(chunk)
+        total += len(chunk)
+        if total > cap:
+            raise _too_large(total, cap)
+        ask = min(1 << 20, cap + 1 - total)
 
 
 # A locator is either a file path (folder / list sources) or (offset, size) of
@@ -110,6 +204,9 @@ class Listing:
     tar_path: str | None = None  # plain TAR the (offset, size) locators point into
     compression: str | None = None  # compression of the original TAR, if any
     ignored: list[str] = field(default_factory=list)
+    # (name, why): folders not walked (a link to a folder already walked, a loop, unreadable) and
+    # second names of a file already listed
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -127,8 +224,13 @@ def parse_label_file(path: str | os.PathLike[str]) -> tuple[dict[str, int], list
     """Read a label file (see module docstring) into ``{name: label}`` and class names."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as e:
+        fd, st = open_regular(path)
+        try:
+            raw_bytes = _read_capped(fd, st.st_size, LABEL_FILE_MAX_BYTES)
+        finally:
+            os.close(fd)
+        text = raw_bytes.decode("utf-8-sig")
+    except (OSError, ValueError) as e:
         raise SourceError(f"cannot read label file {str(path)!r}: {e}") from e
     rows = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")]
     if not rows:
@@ -200,8 +302,16 @@ def _apply_label_file(
     return kept, [table[n] for n in kept], [present[n] for n in kept], classes
 
 
+def _open_source_file(path: Path) -> IO[bytes]:
+    try:
+        fd, _ = open_regular(path)
+    except NotRegularFileError as e:
+        raise SourceError(f"source {str(path)!r}: {e}") from e
+    return os.fdopen(fd, "rb")
+
+
 def _sniff_compression(path: Path) -> tuple[str | None, Callable[..., IO[bytes]] | None]:
-    with open(path, "rb") as f:
+    with _open_source_file(path) as f:
         head = f.read(6)
     for magic, name, opener in _COMPRESSIONS:
         if head.startswith(magic):
@@ -214,7 +324,7 @@ def _scan_tar(tar_path: Path) -> tuple[list[str], list[Locator], list[str]]:
     members: dict[str, tuple[int, int]] = {}
     ignored: list[str] = []
     try:
-        with tarfile.open(tar_path, "r:") as tf:
+        with _open_source_file(tar_path) as f, tarfile.open(fileobj=f, mode="r:") as tf:
             while (m := tf.next()) is not None:
                 # TarFile keeps every TarInfo it reads (~1 KB each): drop them, only offsets are needed.
                 tf.members.clear()
@@ -251,53 +361,120 @@ def _tar_listing(tar_path: Path, label_file: str | os.PathLike[str] | None) -> L
     return Listing("tar", names, labels, locators, classes, tar_path=str(tar_path), ignored=ignored)
 
 
-def _walk_images(root: Path, ignored: list[str]) -> list[str]:
-    """Relative '/'-names of image files under root (recursive, symlinks followed), unsorted."""
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        rel_dir = Path(dirpath).relative_to(root).as_posix()
-        prefix = "" if rel_dir == "." else rel_dir + "/"
-        kept_dirs = [d for d in dirnames if not d.startswith(".")]
-        ignored.extend(prefix + d + "/" for d in dirnames if d.startswith("."))
-        dirnames[:] = kept_dirs
-        for fn in filenames:
-            rel = prefix + fn
-            if fn.startswith(".") or not _is_image_name(fn):
+def _dir_key(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _walk_images(
+    root: Path,
+    start: str,
+    walked: dict[tuple[int, int], str],
+    ignored: list[str],
+    skipped: list[tuple[str, str]],
+) -> list[tuple[str, tuple[int, int] | None]]:
+    """(relative '/'-name, (st_dev, st_ino) or None) of image files under ``root/start``, unsorted.
+
+    Links are followed, but a directory whose (st_dev, st_ino) is in ``walked`` (walked already, or
+    registered by the caller) is not entered again: that is what ends a symlink loop. Entries are
+    visited in name order, so which of two links to one directory is walked does not depend on the
+    file system's listing order.
+    """
+    found: list[tuple[str, tuple[int, int] | None]] = []
+    stack = [start]
+    while stack:
+        rel_dir = stack.pop()
+        prefix = rel_dir + "/" if rel_dir else ""
+        try:
+            with os.scandir(root / rel_dir if rel_dir else root) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            skipped.append((prefix or "./", f"cannot list this folder: {e.strerror or e}"))
+            continue
+        subdirs: list[str] = []
+        for e in entries:
+            rel = prefix + e.name
+            is_dir = e.is_dir()  # follows links; False for a broken link or a link loop (then: a file)
+            if e.name.startswith("."):
+                ignored.append(rel + "/" if is_dir else rel)
+            elif is_dir:
+                st = e.stat()  # cached by is_dir
+                key = (st.st_dev, st.st_ino)
+                first = walked.get(key)
+                if first is None:
+                    walked[key] = rel
+                    subdirs.append(rel)
+                elif first == "" or rel.startswith(first + "/"):
+                    skipped.append((rel + "/", f"symlink loop: the same folder as its parent {first or '.'!r}"))
+                else:
+                    skipped.append((rel + "/", f"the same folder as {first + '/'!r}, listed there"))
+            elif not _is_image_name(e.name):
                 ignored.append(rel)
             else:
-                found.append(rel)
+                try:
+                    fst = e.stat()
+                    found.append((rel, (fst.st_dev, fst.st_ino)))
+                except OSError:  # a broken link, a loop: kept as a sample, whose read then says why
+                    found.append((rel, None))
+        stack.extend(reversed(subdirs))
     return found
+
+
+def _one_name_per_file(
+    found: list[tuple[str, tuple[int, int] | None]], skipped: list[tuple[str, str]]
+) -> list[str]:
+    """Names sorted; of several names of one real file only the first is kept, the others are skipped."""
+    first: dict[tuple[int, int], str] = {}
+    names: list[str] = []
+    for name, key in sorted(found, key=lambda x: x[0]):
+        if key is not None:
+            if key in first:
+                skipped.append((name, f"the same file as {first[key]!r}, stored once"))
+                continue
+            first[key] = name
+        names.append(name)
+    return names
 
 
 def _folder_listing(root: Path, label_file: str | os.PathLike[str] | None) -> Listing:
     ignored: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    walked = {_dir_key(root): ""}
     if label_file is not None:
-        names = sorted(_walk_images(root, ignored))
+        names = _one_name_per_file(_walk_images(root, "", walked, ignored, skipped), skipped)
         locators: list[Locator] = [str(root / n) for n in names]
         names, labels, locators, classes = _apply_label_file(names, locators, label_file, ignored)
-        return Listing("folder", names, labels, locators, classes, ignored=ignored)
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        return Listing("folder", names, labels, locators, classes, ignored=ignored, skipped=skipped)
+    entries = sorted(os.scandir(root), key=lambda e: e.name)
+    classes = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
     if not classes:
         raise SourceError(
             f"folder {str(root)!r} has no class subfolders (expected root/<class>/<image>); "
             f"for a flat folder give a label file"
         )
-    for e in os.scandir(root):
+    for e in entries:
         if not e.is_dir():
             ignored.append(e.name)
         elif e.name.startswith("."):
             ignored.append(e.name + "/")
-    names, labels = [], []
-    for label, cls in enumerate(classes):
-        sub: list[str] = []
-        for rel in _walk_images(root / cls, ignored):
-            sub.append(f"{cls}/{rel}")
-        names.extend(sub)
-        labels.extend([label] * len(sub))
-    order = sorted(range(len(names)), key=names.__getitem__)
-    names = [names[i] for i in order]
-    labels = [labels[i] for i in order]
-    return Listing("folder", names, labels, [str(root / n) for n in names], classes, ignored=ignored)
+    # Every class folder is registered before any is walked: a link inside one class to another
+    # class's folder (or to the root) is a link to a folder listed on its own, never a second label.
+    to_walk = []
+    for cls in classes:
+        key = _dir_key(root / cls)
+        if key in walked:
+            skipped.append((cls + "/", f"the same folder as {walked[key] + '/' if walked[key] else '.'!r}; "
+                                       f"this class stays empty"))
+        else:
+            walked[key] = cls
+            to_walk.append(cls)
+    found: list[tuple[str, tuple[int, int] | None]] = []
+    for cls in to_walk:
+        found.extend(_walk_images(root, cls, walked, ignored, skipped))
+    names = _one_name_per_file(found, skipped)
+    index = {c: i for i, c in enumerate(classes)}
+    labels = [index[n.split("/", 1)[0]] for n in names]
+    return Listing("folder", names, labels, [str(root / n) for n in names], classes, ignored=ignored, skipped=skipped)
 
 
 def _list_listing(pairs: Sequence[object]) -> Listing:
@@ -317,11 +494,17 @@ def _list_listing(pairs: Sequence[object]) -> Listing:
 
 
 def _decompress_to(path: Path, compression: str, opener: Callable[..., IO[bytes]], out_path: str) -> None:
-    try:
-        with open(out_path, "wb") as out, opener(path, "rb") as comp:
-            shutil.copyfileobj(comp, out, 1 << 20)
-    except (OSError, EOFError, lzma.LZMAError) as e:
-        raise SourceError(f"cannot decompress {compression} source {str(path)!r}: {e}") from e
+    """Decompress into out_path. A bad stream is the source's fault (SourceError); a failed write (a full
+    disk) is an OSError of the scratch file."""
+    with _open_source_file(path) as raw, opener(raw, "rb") as comp, open(out_path, "wb") as out:
+        while True:
+            try:
+                chunk = comp.read(1 << 20)
+            except (OSError, EOFError, lzma.LZMAError) as e:
+                raise SourceError(f"cannot decompress {compression} source {str(path)!r}: {e}") from e
+            if not chunk:
+                return
+            out.write(chunk)
 
 
 @contextmanager
@@ -343,10 +526,19 @@ def open_source(
         else:
             where = f"source {os.fspath(src)!r}"
             path = Path(os.path.abspath(src))  # worker processes need not share our working directory
-            if not path.exists():
-                raise SourceError(f"{where} does not exist")
-            if path.is_dir():
-                listing = _folder_listing(path, label_file)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise SourceError(f"{where} does not exist") from None
+            except OSError as e:  # a link loop, a parent that is a file, no permission
+                raise SourceError(f"{where}: {e.strerror or e}") from e
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    listing = _folder_listing(path, label_file)
+                except OSError as e:  # the root or a class folder cannot be listed (a subfolder is skipped)
+                    raise SourceError(f"{where}: {e}") from e
+            elif not stat.S_ISREG(st.st_mode):
+                raise SourceError(f"{where} is {describe_mode(st.st_mode)}; a source is a TAR file or a folder")
             else:
                 compression, opener = _sniff_compression(path)
                 if compression is None:
@@ -366,18 +558,27 @@ def open_source(
             os.unlink(scratch)
 
 
-def read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+def read_file(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (NotRegularFileError, ImageTooLargeError)."""
+    fd, st = open_regular(path)
+    try:
+        if st.st_size > max_bytes:  # a huge or sparse file: refused without reading any of it
+            raise _too_large(st.st_size, max_bytes)
+        return _read_capped(fd, st.st_size, max_bytes)
+    finally:
+        os.close(fd)
 
 
 class TarReader:
     """Reads members of a plain TAR by (offset, size) with positioned reads (no shared file offset)."""
 
-    def __init__(self, tar_path: str) -> None:
-        self._fd = os.open(tar_path, os.O_RDONLY)
+    def __init__(self, tar_path: str, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> None:
+        self._fd, _ = open_regular(tar_path)
+        self.max_bytes = max_bytes
 
     def read(self, offset: int, size: int) -> bytes:
+        if size > self.max_bytes:
+            raise _too_large(size, self.max_bytes)
         data = os.pread(self._fd, size, offset)
         if len(data) != size:
             raise OSError(f"TAR member at offset {offset} is truncated: read {len(data)} of {size} bytes")
