@@ -146,7 +146,7 @@ def test_metadata_and_pickle(tmp_path):
 def test_pickle_detects_changed_schema(tmp_path):
     path = tf.write([{"a": 1}], tmp_path / "p.tbl")
     blob = pickle.dumps(tf.open(path))
-    tf.write([{"a": "now a str"}], path)
+    tf.write([{"a": "now a str"}], path, overwrite=True)
     with pytest.raises(tf.DatasetChangedError):
         pickle.loads(blob)[0]
 

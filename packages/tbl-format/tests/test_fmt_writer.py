@@ -89,7 +89,7 @@ def test_exception_keeps_previous_version(tmp_path):
         raise KeyError("source failed")
 
     with pytest.raises(KeyError):
-        tf.write(gen(), dst)
+        tf.write(gen(), dst, overwrite=True)
     assert dst.read_bytes() == before and leftovers(tmp_path) == ["x.tbl"]
 
 
@@ -97,7 +97,7 @@ def test_abort_sharded_keeps_previous_manifest(tmp_path):
     dst = tmp_path / "ds"
     tf.write(({"a": i} for i in range(10)), dst, shard_rows=4)
     old = leftovers(dst)
-    w = tf.Writer(dst, shard_rows=3)
+    w = tf.Writer(dst, shard_rows=3, overwrite=True)
     for i in range(7):
         w.write({"a": 100 + i})
     w.abort()
@@ -109,7 +109,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import tbl_format as tf
     dst, sharded = sys.argv[1], sys.argv[2] == "1"
     kw = {"shard_rows": 50} if sharded else {}
-    w = tf.Writer(dst, **kw)
+    w = tf.Writer(dst, overwrite=True, **kw)
     for i in range(500):
         w.write({"a": i, "s": "y" * (i % 13)})
     os._exit(9)  # killed before close(): no cleanup runs
@@ -148,7 +148,7 @@ def test_sharding_by_rows_and_bytes(tmp_path):
 def test_rewrite_sharded_removes_old_shards(tmp_path):
     dst = tmp_path / "ds"
     tf.write(({"a": i} for i in range(10)), dst, shard_rows=2)
-    tf.write(({"a": i} for i in range(3)), dst, shard_rows=2)
+    tf.write(({"a": i} for i in range(3)), dst, shard_rows=2, overwrite=True)
     assert len([n for n in os.listdir(dst) if n.endswith(".tbl")]) == 2
     assert [s["a"] for s in tf.open(dst)] == [0, 1, 2]
 

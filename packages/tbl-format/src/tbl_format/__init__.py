@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 from .dataset import DEFAULT_MAX_OPEN, Dataset, open
+from .destination import check_destination
 from .errors import (
     BadMagicError,
     CompressionUnavailableError,
     CorruptDataError,
     DataChecksumError,
     DatasetChangedError,
+    DestinationError,
+    DestinationExistsError,
+    DuplicateShardError,
     FormatError,
     HeaderChecksumError,
     HeaderFormatError,
     HeaderTooLargeError,
+    InsufficientSpaceError,
     InvalidSchemaError,
     ManifestError,
     ManifestMismatchError,
+    MetadataError,
+    MissingShardError,
+    NotRegularFileError,
     OffsetsError,
     RegionAlignmentError,
     RegionBoundsError,
@@ -31,7 +39,7 @@ from .layout import FORMAT_VERSION
 from .manifest import merge_manifests
 from .parallel import write_parallel
 from .schema import LEAF_KINDS, Leaf, Schema, infer_schema
-from .writer import Writer, write
+from .writer import METADATA_DEPTH, Writer, write
 
 __version__ = "0.1.0"
 
@@ -43,18 +51,26 @@ __all__ = [
     "DataChecksumError",
     "Dataset",
     "DatasetChangedError",
+    "DestinationError",
+    "DestinationExistsError",
+    "DuplicateShardError",
     "FORMAT_VERSION",
     "FormatError",
     "HeaderChecksumError",
     "HeaderFormatError",
     "HeaderTooLargeError",
+    "InsufficientSpaceError",
     "InvalidSchemaError",
     "KINDS",
     "Kind",
     "LEAF_KINDS",
     "Leaf",
+    "METADATA_DEPTH",
     "ManifestError",
     "ManifestMismatchError",
+    "MetadataError",
+    "MissingShardError",
+    "NotRegularFileError",
     "OffsetsError",
     "RegionAlignmentError",
     "RegionBoundsError",
@@ -67,6 +83,7 @@ __all__ = [
     "V2LayoutError",
     "Writer",
     "__version__",
+    "check_destination",
     "infer_schema",
     "merge_manifests",
     "open",

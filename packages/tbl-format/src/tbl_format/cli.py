@@ -1,5 +1,11 @@
 """The `tbl` command: `tbl inspect PATH`, `tbl verify PATH`, plus subcommands from other packages.
 
+Exit codes of the core commands: 0 success; 1 the path is not an intact
+dataset (a FormatError: corrupt, not a TBL file, a FIFO or device in place of
+a file, a shard missing or listed twice), one line on stderr naming the path,
+the error class and the cause; 2 the path cannot be read at all (missing, no
+permission); 130 interrupted. No traceback reaches the user.
+
 Other packages register subcommands through the entry-point group
 ``tbl.commands``: each entry point names ``register(subparsers)``, which adds
 one subparser and sets ``func=callable(args) -> int`` as its default. A plugin
@@ -18,7 +24,7 @@ from typing import Any, TextIO
 
 from . import __version__
 from .dataset import open as open_dataset
-from .errors import FormatError
+from .errors import FormatError, NotRegularFileError
 from .layout import FORMAT_VERSION
 
 ENTRY_POINT_GROUP = "tbl.commands"
@@ -79,6 +85,20 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _failed(path: str, exc: BaseException) -> int:
+    """Report a failed command in one line; its exit code (1: not an intact dataset, 2: cannot read)."""
+    if isinstance(exc, FormatError):
+        label = "NOT A TBL FILE" if isinstance(exc, NotRegularFileError) else "CORRUPT"
+        print(f"{path}: {label}: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    print(f"{path}: cannot read: {_one_line(exc)}", file=sys.stderr)
+    return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         ds = open_dataset(args.path)
@@ -95,12 +115,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 acc["raw_bytes"] += c.get("raw_bytes", 0)
                 if c.get("compression"):
                     acc["compression"] = c["compression"]
-    except FormatError as exc:
-        print(f"{args.path}: CORRUPT: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"{args.path}: cannot read: {exc}", file=sys.stderr)
-        return 2
+    except (FormatError, OSError) as exc:
+        return _failed(args.path, exc)
     print(f"path:      {args.path}", file=out)
     print(f"format:    {info.get('format', '?')} (this reader writes {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})", file=out)
     print(f"rows:      {rows:,} in {len(shard_rows)} file(s)", file=out)
@@ -127,14 +143,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ds.verify(progress)
         rows = len(ds)
         ds.close()
-    except FormatError as exc:
+    except (FormatError, OSError) as exc:
         progress.close()
-        print(f"{args.path}: CORRUPT: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        progress.close()
-        print(f"{args.path}: cannot read: {exc}", file=sys.stderr)
-        return 2
+        return _failed(args.path, exc)
     progress.close()
     print(f"{args.path}: OK ({rows:,} rows, every checksum verified)")
     return 0
@@ -174,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("tbl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

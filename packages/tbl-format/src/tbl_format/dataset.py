@@ -2,8 +2,17 @@
 
 A directory's shards are opened lazily on first access and at most
 ``max_open`` of them are held open at once (least recently used dropped
-first). Dropping a shard never unmaps memory a caller still holds: a column
-view from ``segments()`` keeps its map alive until the view dies.
+first; each open shard holds one map and one descriptor). Dropping a shard
+never unmaps memory a caller still holds: a column view from ``segments()``
+keeps its map alive until the view dies.
+
+A shard opened again after it was dropped must still be the file the
+manifest listed. When it is not (missing, or another header), or when a
+shard first opened late cannot be opened and the manifest has been replaced
+or removed since the dataset was opened, the dataset changed under the
+reader: ``DatasetChangedError`` names it. Shards are not held open by
+descriptor to avoid this: a dataset of thousands of shards would exhaust
+the process's descriptor limit, which ``max_open`` exists to respect.
 """
 
 from __future__ import annotations
@@ -19,7 +28,14 @@ from operator import index as _index
 from pathlib import Path
 from typing import Any
 
-from .errors import DatasetChangedError, ManifestMismatchError
+from .errors import (
+    DataChecksumError,
+    DatasetChangedError,
+    FormatError,
+    ManifestMismatchError,
+    MissingShardError,
+)
+from .layout import MANIFEST_NAME
 from .manifest import read_manifest
 from .opener import open_file
 from .schema import Schema
@@ -39,6 +55,11 @@ def open(path: str | os.PathLike[str], *, verify: bool = False, max_open: int = 
     ds = Dataset(path, verify=verify, max_open=max_open)
     ds._open()
     return ds
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of a file from another: its inode, size and modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _restore(path: str, fingerprint: str, max_open: int) -> Dataset:
@@ -82,6 +103,7 @@ class Dataset:
             self._metadata: dict[str, Any] = m["metadata"]
             self._entries = m["shards"]
             self._files = [self.path / s["file"] for s in self._entries]
+            self._manifest_stat = _identity(m["stat"])
             self._single = False
         else:
             shard = open_file(self.path, verify=self._verify_at_open)
@@ -100,6 +122,13 @@ class Dataset:
             total += r
         self._len = total
         self._fingerprint: str | None = None
+        self._seen: set[int] = set(self._shards)  # shards opened at least once: opening again must find the same file
+        # verify_rows: per shard, one flag per checksummed block (created on first use); leaves checked in full.
+        self._block_flags: dict[int, bytearray] = {}
+        self._leaf_done: dict[int, set[str]] = {}
+        self._leaf_done_count: dict[str, int] = {}
+        self._verified_leaves: set[str] = set()
+        self._nonempty = sum(1 for r in self._rows_per if r)
         self._get = self._shards[0].get if self._single else self._get_multi
         self._opened = True
         if self._verify_at_open and not self._single:
@@ -132,19 +161,42 @@ class Dataset:
     def _open_shard(self, k: int) -> Shard:
         shards = self._shards
         entry = self._entries[k]
-        shard = open_file(self._files[k])
         where = f"{self._files[k]}"
-        if shard.rows != entry["rows"]:
-            raise ManifestMismatchError(f"{where}: {shard.rows} rows, the manifest says {entry['rows']}")
-        if shard.header_crc32 != entry["header_crc32"]:
-            raise ManifestMismatchError(f"{where}: header CRC-32 differs from the manifest's")
-        if shard.schema != self._schema:
-            raise ManifestMismatchError(f"{where}: schema differs from the manifest's")
+        try:
+            try:
+                shard = open_file(self._files[k])
+            except OSError as exc:
+                raise MissingShardError(f"{where}: cannot open the shard the manifest lists: "
+                                        f"{exc.strerror or exc}") from None
+            try:
+                if shard.rows != entry["rows"]:
+                    raise ManifestMismatchError(f"{where}: {shard.rows} rows, the manifest says {entry['rows']}")
+                if shard.header_crc32 != entry["header_crc32"]:
+                    raise ManifestMismatchError(f"{where}: header CRC-32 differs from the manifest's")
+                if shard.schema != self._schema:
+                    raise ManifestMismatchError(f"{where}: schema differs from the manifest's")
+            except BaseException:
+                shard.close()
+                raise
+        except FormatError as exc:
+            if k in self._seen or self._manifest_changed():
+                raise DatasetChangedError(
+                    f"{self.path}: the dataset changed while open (shard {entry['file']!r}: {exc}); open it again"
+                ) from None
+            raise
+        self._seen.add(k)
         shards[k] = shard
         # Dropping the reference is enough: the map closes once no view of it is alive.
         while len(shards) > self._max_open:
             shards.popitem(last=False)
         return shard
+
+    def _manifest_changed(self) -> bool:
+        """Whether manifest.json is no longer the one this dataset read (replaced, rewritten or removed)."""
+        try:
+            return _identity(os.stat(self.path / MANIFEST_NAME)) != self._manifest_stat
+        except OSError:
+            return True
 
     # ---- rows -----------------------------------------------------------------------------------
     def _get_multi(self, i: Any) -> Any:
@@ -293,6 +345,71 @@ class Dataset:
         self._ensure()
         for k in range(len(self._entries)):
             self._shard(k).verify(progress)
+
+    def verify_rows(self, rows: list[int], leaves: list[str] | None = None) -> None:
+        """Check the CRC-32 of every data block holding ``leaves`` (default: all) of ``rows``, lazily.
+
+        Each block is checked once per open dataset (a flag per block, per shard;
+        a failed block stays unchecked and fails again). Rows are ints in
+        ``[0, len)`` (else IndexError). Raises DataChecksumError naming the file,
+        the block and the rows asked for that it holds (``exc.path``,
+        ``exc.block``, ``exc.rows``: global row numbers). Once every block of the
+        leaves asked for is checked the call returns at once. Safe to call from a
+        producer thread while others read: a block two threads check at the same
+        time is checked twice, never skipped. TurboLoader files are checked whole,
+        once. Tables (offsets, shapes, items, index) are checked at every open.
+        """
+        self._ensure()
+        if leaves is None:
+            wanted = self._schema.leaves
+        else:
+            for leaf in leaves:
+                if leaf not in self._schema.leaves:
+                    raise KeyError(f"no leaf {leaf!r}; leaves are {list(self._schema.leaves)}")
+            wanted = leaves
+        if all(leaf in self._verified_leaves for leaf in wanted):
+            return
+        check_rows(rows, self._len)
+        pending = [leaf for leaf in wanted if leaf not in self._verified_leaves]
+        if self._single:
+            self._verify_shard_rows(0, rows, pending)
+            return
+        starts = self._starts
+        by_shard: dict[int, list[int]] = {}
+        for i in rows:
+            k = bisect_right(starts, i) - 1
+            group = by_shard.get(k)
+            if group is None:
+                group = by_shard[k] = []
+            group.append(i - starts[k])
+        for k, local in by_shard.items():
+            self._verify_shard_rows(k, local, pending)
+
+    def _verify_shard_rows(self, k: int, local: list[int], leaves: list[str]) -> None:
+        done = self._leaf_done.get(k)
+        if done is None:
+            done = self._leaf_done.setdefault(k, set())
+        todo = [leaf for leaf in leaves if leaf not in done]
+        if not todo:
+            return
+        shard = self._shard(k)
+        flags = self._block_flags.get(k)
+        if flags is None:
+            flags = self._block_flags.setdefault(k, shard.block_flags())
+        try:
+            finished = shard.verify_rows(local, todo, flags)
+        except DataChecksumError as exc:
+            base = self._starts[k]
+            rows = tuple(base + i for i in exc.rows)
+            raise DataChecksumError(f"{exc} (dataset rows {list(rows)})" if not self._single else str(exc),
+                                    path=exc.path, block=exc.block, rows=rows) from None
+        with self._lock:
+            for leaf in finished:
+                if leaf not in done:
+                    done.add(leaf)
+                    n = self._leaf_done_count[leaf] = self._leaf_done_count.get(leaf, 0) + 1
+                    if n == self._nonempty:
+                        self._verified_leaves.add(leaf)
 
     def close(self) -> None:
         """Release every map this dataset holds. A later access opens the files again."""

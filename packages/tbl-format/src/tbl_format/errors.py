@@ -60,7 +60,22 @@ class OffsetsError(FormatError):
 
 
 class DataChecksumError(FormatError):
-    """A data block fails its CRC-32 (found by verify())."""
+    """A data block fails its CRC-32 (found by ``verify()`` or ``Dataset.verify_rows``).
+
+    ``path`` is the file, ``block`` the block's index in the file's checksum
+    table and ``rows`` the rows asked for that the block holds (empty when the
+    whole file was checked); the message names all three.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, block: int | None = None,
+                 rows: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+        self.block = block
+        self.rows = rows
+
+    def __reduce__(self) -> tuple[object, ...]:  # keeps the attributes across processes
+        return (type(self), self.args, self.__dict__)
 
 
 class CorruptDataError(FormatError):
@@ -83,12 +98,70 @@ class ManifestMismatchError(FormatError):
     """A shard file disagrees with the manifest (rows, schema or header checksum)."""
 
 
+class MissingShardError(ManifestMismatchError):
+    """A shard file the manifest lists cannot be opened: missing, a dangling link, a link loop or unreadable."""
+
+
+class DuplicateShardError(ManifestError):
+    """A manifest (or a merge) lists a shard holding rows twice, by file name or by header checksum."""
+
+
+class NotRegularFileError(FormatError):
+    """A path read as a file (a .tbl file, a shard, a manifest) is a FIFO, a device, a socket or a directory.
+
+    It is never opened: opening a FIFO for reading blocks, opening a device may act on it.
+    """
+
+
 class DatasetChangedError(FormatError):
-    """A dataset reopened after unpickling no longer has the schema it was pickled with."""
+    """The dataset changed under an open ``Dataset``, or since it was pickled.
+
+    Raised when a shard opened (again) after the manifest was replaced or
+    removed is missing or no longer the file the manifest listed, and when a
+    dataset reopened after unpickling no longer has the schema it was pickled
+    with. Open the dataset again to read the new version.
+    """
 
 
 class V2LayoutError(FormatError, ValueError):
     """A TurboLoader (TBL v2) RAW_U8 image column cannot be a zero-copy view: payloads are compressed or not back to back."""
+
+
+class MetadataError(ValueError):
+    """Writer metadata is not a JSON object this format can store exactly.
+
+    Keys must be str (JSON would turn ``1`` into ``"1"``, and ``{1: "a", "1": "b"}``
+    would lose a key), nesting at most ``METADATA_DEPTH`` levels, values JSON
+    (no NaN / inf), and the header it makes at most 16 MiB.
+    """
+
+
+class DestinationError(OSError):
+    """A writer's destination is refused: not a regular file or directory (a link, FIFO, device, socket),
+    or a directory that is neither empty nor a dataset. Nothing is written or removed."""
+
+
+class DestinationExistsError(DestinationError, FileExistsError):
+    """The destination already holds a file or a dataset and ``overwrite=True`` was not given."""
+
+
+class InsufficientSpaceError(OSError):
+    """Not enough free disk space to write the output; the message says how much is needed and where.
+
+    ``path`` is the directory, ``needed`` and ``available`` are bytes.
+    """
+
+    def __init__(self, message: str, *, path: str = "", needed: int = 0, available: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.needed = needed
+        self.available = available
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), self.args, self.__dict__)
 
 
 class SchemaMismatchError(ValueError):
@@ -104,13 +177,20 @@ __all__ = [
     "CorruptDataError",
     "DataChecksumError",
     "DatasetChangedError",
+    "DestinationError",
+    "DestinationExistsError",
+    "DuplicateShardError",
     "FormatError",
     "HeaderChecksumError",
     "HeaderFormatError",
     "HeaderTooLargeError",
+    "InsufficientSpaceError",
     "InvalidSchemaError",
     "ManifestError",
     "ManifestMismatchError",
+    "MetadataError",
+    "MissingShardError",
+    "NotRegularFileError",
     "OffsetsError",
     "RegionAlignmentError",
     "RegionBoundsError",

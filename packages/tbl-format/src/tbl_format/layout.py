@@ -18,6 +18,8 @@ ALIGN = 4096
 BLOCK_SIZE = 1 << 20
 LZ4_BLOCK = 64 * 1024
 MAX_U64 = (1 << 64) - 1
+#: The manifest of a dataset directory (SPEC.md, "Datasets of several files").
+MANIFEST_NAME = "manifest.json"
 
 
 def align_up(n: int, a: int = ALIGN) -> int:

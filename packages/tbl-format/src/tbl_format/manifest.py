@@ -11,38 +11,74 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from .errors import InvalidSchemaError, ManifestError, SchemaMismatchError, UnsupportedVersionError
-from .fsutil import fsync_dir
+from .destination import remove_owned_shards
+from .errors import (
+    DestinationError,
+    DuplicateShardError,
+    FormatError,
+    InvalidSchemaError,
+    ManifestError,
+    SchemaMismatchError,
+    UnsupportedVersionError,
+)
+from .fsutil import fsync_dir, read_regular
+from .layout import MANIFEST_NAME
 from .opener import open_file
 from .schema import Schema
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = (1, 0)
 MANIFEST_CAP = 256 * 1024 * 1024
 
-__all__ = ["MANIFEST_NAME", "merge_manifests", "publish_manifest", "read_manifest"]
+__all__ = ["MANIFEST_NAME", "check_unique", "merge_manifests", "publish_manifest", "read_manifest"]
 
 
 def _check_name(name: Any, where: str) -> str:
-    """A shard file name: a relative POSIX path inside the dataset directory."""
+    """A shard file name: a relative POSIX path inside the dataset directory, in its one canonical spelling."""
     if not isinstance(name, str) or not name or "\\" in name or "\x00" in name:
         raise ManifestError(f"{where}: shard file name {name!r} is not a relative path")
-    p = PurePosixPath(name)
-    if p.is_absolute() or any(part in ("..", ".", "") for part in p.parts) or name == MANIFEST_NAME:
-        raise ManifestError(f"{where}: shard file name {name!r} leaves the dataset directory")
+    # The raw components, not PurePosixPath's: it drops "." and empty parts, so "." or "a//b" would pass.
+    if any(part in ("..", ".", "") for part in name.split("/")) or name == MANIFEST_NAME:
+        raise ManifestError(f"{where}: shard file name {name!r} is not a file path inside the dataset directory")
     return name
 
 
-def publish_manifest(directory: Path, schema: Schema, metadata: dict[str, Any], shards: list[dict[str, Any]]) -> None:
-    """Atomically replace directory/manifest.json; then unlink the shards only the previous manifest listed."""
+def check_unique(shards: list[dict[str, Any]], where: str) -> None:
+    """DuplicateShardError if two shards holding rows share a file name or a header CRC-32.
+
+    Equal header checksums mean equal headers, and a header covers the checksums
+    of all its data: the same rows twice. Writers give every shard of a dataset
+    a distinct ``file_id`` so that shards of equal rows still differ. Shards of
+    zero rows add no rows and may repeat.
+    """
+    names: dict[str, int] = {}
+    crcs: dict[int, int] = {}
+    for n, s in enumerate(shards):
+        if not s["rows"]:
+            continue
+        first = names.setdefault(s["file"], n)
+        if first != n:
+            raise DuplicateShardError(f"{where}: shards {first} and {n} are the same file {s['file']!r}")
+        first = crcs.setdefault(s["header_crc32"], n)
+        if first != n:
+            raise DuplicateShardError(
+                f"{where}: shards {first} ({shards[first]['file']!r}) and {n} ({s['file']!r}) have the same header "
+                f"CRC-32 {s['header_crc32']}: the same rows twice"
+            )
+
+
+def publish_manifest(directory: Path, schema: Schema, metadata: dict[str, Any], shards: list[dict[str, Any]]) -> list[str]:
+    """Atomically replace directory/manifest.json; then unlink the shards only the previous manifest listed,
+    where they are provably the dataset's own (``destination.remove_owned_shards``). Returns the names of the
+    previous shards left in place."""
+    check_unique(shards, str(directory / MANIFEST_NAME))
     previous: list[str] = []
     try:
         previous = [s["file"] for s in read_manifest(directory)["shards"]]
-    except (FileNotFoundError, ManifestError, UnsupportedVersionError, InvalidSchemaError):
-        pass
+    except (OSError, FormatError):
+        pass  # no readable previous manifest: nothing is known to be the old dataset's, nothing is removed
     body = {
         "tbl_manifest": list(MANIFEST_VERSION),
         "rows": sum(s["rows"] for s in shards),
@@ -63,25 +99,27 @@ def publish_manifest(directory: Path, schema: Schema, metadata: dict[str, Any], 
         raise
     fsync_dir(directory)
     keep = {s["file"] for s in shards}
-    for name in previous:
-        if name not in keep:
-            (directory / name).unlink(missing_ok=True)
+    return remove_owned_shards(directory, [name for name in dict.fromkeys(previous) if name not in keep])
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse and validate directory/manifest.json.
 
-    Returns {"rows", "schema" (Schema), "metadata", "shards": [{"file", "rows", "header_crc32", "size"}]}.
+    Returns {"rows", "schema" (Schema), "metadata", "shards": [{"file", "rows", "header_crc32", "size"}],
+    "stat": the manifest's os.stat_result}. A manifest that is not a regular file raises NotRegularFileError
+    (never opened), one listing a shard with rows twice DuplicateShardError.
     """
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     where = str(path)
-    if not path.is_file():
-        raise ManifestError(f"{directory}: no {MANIFEST_NAME}; a directory without a manifest is not a dataset")
-    if path.stat().st_size > MANIFEST_CAP:
-        raise ManifestError(f"{where}: larger than the {MANIFEST_CAP}-byte cap")
     try:
-        body = json.loads(path.read_bytes().decode("utf-8"))
+        raw, st = read_regular(path, "manifest", MANIFEST_CAP)
+    except FileNotFoundError:
+        raise ManifestError(f"{directory}: no {MANIFEST_NAME}; a directory without a manifest is not a dataset") from None
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
+    try:
+        body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ManifestError(f"{where}: not UTF-8 JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -113,7 +151,8 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         total += rows
     if body.get("rows") != total:
         raise ManifestError(f"{where}: 'rows' is {body.get('rows')!r}, the shards hold {total}")
-    return {"rows": total, "schema": schema, "metadata": metadata, "shards": out}
+    check_unique(out, where)
+    return {"rows": total, "schema": schema, "metadata": metadata, "shards": out, "stat": st}
 
 
 def _part_shards(part: Path) -> tuple[Schema, dict[str, Any], list[tuple[Path, dict[str, Any]]]]:
@@ -134,13 +173,16 @@ def merge_manifests(parts: list[str | os.PathLike[str]], dst: str | os.PathLike[
     Shard files are hard-linked into dst (moved when a hard link is impossible);
     shards already inside dst are referenced where they are. No shard is
     rewritten. Every part must have the same schema and metadata
-    (SchemaMismatchError names the first part that differs). dst must not
-    already hold a manifest. Returns dst.
+    (SchemaMismatchError names the first part that differs). A shard holding
+    rows that would be listed twice (a part given twice, or a copy of one:
+    the same name or the same header CRC-32) is refused with
+    DuplicateShardError before anything is linked. dst must not already hold
+    a manifest. Returns dst.
     """
     dst = Path(dst)
     if not parts:
         raise ValueError("merge_manifests needs at least one part")
-    if (dst / MANIFEST_NAME).exists():
+    if os.path.lexists(dst / MANIFEST_NAME):
         raise FileExistsError(f"{dst} already holds a {MANIFEST_NAME}")
     loaded = [(Path(p), *_part_shards(Path(p))) for p in parts]
     schema, metadata = loaded[0][1], loaded[0][2]
@@ -149,22 +191,29 @@ def merge_manifests(parts: list[str | os.PathLike[str]], dst: str | os.PathLike[
             raise SchemaMismatchError(f"part {p}: schema {s} differs from {loaded[0][0]}'s {schema}")
         if md != metadata:
             raise SchemaMismatchError(f"part {p}: metadata differs from {loaded[0][0]}'s")
-    dst.mkdir(parents=True, exist_ok=True)
+    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
+        raise DestinationError(f"{dst} exists and is not a directory")
     root = dst.resolve()
-    entries = []
+    plan = []  # (source, name in dst or None if referenced where it is, entry)
     for n, (_, _, _, shards) in enumerate(loaded):
         for src, entry in shards:
             resolved = src.resolve()
             if resolved.is_relative_to(root):
-                name = resolved.relative_to(root).as_posix()
+                plan.append((src, None, {**entry, "file": resolved.relative_to(root).as_posix()}))
             else:
-                name = f"part{n:05d}-{src.name}"
-                target = dst / name
-                try:
-                    os.link(src, target)
-                except OSError:
-                    os.replace(src, target)
-            entries.append({**entry, "file": name})
+                plan.append((src, f"part{n:05d}-{src.name}", {**entry, "file": f"part{n:05d}-{src.name}"}))
+    # Before anything is linked: a part given twice (or a copy of one) is refused, by name and by header CRC-32.
+    check_unique([entry for _, _, entry in plan], f"merge into {dst}")
+    dst.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for src, name, entry in plan:
+        if name is not None:
+            target = dst / name
+            try:
+                os.link(src, target)
+            except OSError:
+                os.replace(src, target)
+        entries.append(entry)
     fsync_dir(dst)
     publish_manifest(dst, schema, metadata, entries)
     return dst

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .errors import BadMagicError, TruncatedFileError
+from .fsutil import open_regular
 from .layout import MAGIC
 from .reader import TblFile
 from .shard import Shard
@@ -16,8 +18,11 @@ __all__ = ["open_file"]
 def open_file(path: str | Path, *, verify: bool = False) -> Shard:
     """Open one file, dispatching on its magic: a .tbl file (SPEC.md) or a TurboLoader file (TURBOLOADER.md)."""
     path = Path(path)
-    with path.open("rb") as f:
-        head = f.read(8)
+    fd = open_regular(path)  # never a FIFO or a device: NotRegularFileError
+    try:
+        head = os.pread(fd, 8, 0)
+    finally:
+        os.close(fd)
     if head[:4] == TURBOLOADER_MAGIC:
         shard = open_turboloader(path)
         if verify:

@@ -9,31 +9,86 @@ its finished rows. ``merge_manifests`` then joins the parts (shard files are
 hard-linked, never rewritten) and the temporary directory is removed. Rows
 keep part order: all of part 0, then part 1, ... Nothing is left behind when
 any part fails. Only the standard library is used (``multiprocessing``).
+
+Each part's files carry a distinct ``file_id`` (the part index), so parts of
+equal rows still have distinct header checksums and merge. On Linux every
+worker ends when the process that called ``write_parallel`` dies
+(``die_with_parent``): a killed ``write_parallel`` leaves no worker running.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import secrets
+import select
 import shutil
+import signal
+import sys
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .dataset import open as open_dataset
-from .errors import SchemaMismatchError
+from .errors import DestinationExistsError, SchemaMismatchError
 from .manifest import merge_manifests
 from .schema import Schema, widen
 from .writer import write
 
-__all__ = ["write_parallel"]
+__all__ = ["die_with_parent", "write_parallel"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """Process-pool initializer: end this worker when process ``parent`` (the pool's creator) dies.
+
+    When ``parent`` is this process's parent (spawn, fork), the kernel kills it
+    (Linux ``PR_SET_PDEATHSIG``). When a fork server stands between them (it
+    outlives the parent while any worker holds its pipe), a daemon thread waits
+    on a pidfd of ``parent`` and exits the worker when it ends. A worker whose
+    parent is already gone exits at once. Elsewhere than Linux: a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    if os.getppid() == parent:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                if os.getppid() != parent:
+                    os._exit(1)  # the parent died before the request took effect
+                return
+        except (OSError, AttributeError):
+            pass
+    try:
+        pidfd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        return  # no pidfds (Linux < 5.3): the worker ends when its pool's pipes close
+    threading.Thread(target=_exit_when_readable, args=(pidfd,), name="tbl-parent-watch", daemon=True).start()
+
+
+def _exit_when_readable(fd: int) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while not poller.poll():
+        pass
+    os._exit(1)
+
+
+def _part_kwargs(kwargs: dict[str, Any], i: int) -> dict[str, Any]:
+    """Keyword arguments of part i's write: its own file_id, so that parts of equal rows stay distinct."""
+    given = kwargs.get("file_id")
+    return {**kwargs, "file_id": f"{given}/part{i}" if given is not None else f"part{i}"}
 
 
 def _write_part(part_fn: Callable[[int], Iterable[Any]], i: int, dst: str, kwargs: dict[str, Any]) -> str:
     try:
-        return str(write(part_fn(i), dst, **kwargs))
+        return str(write(part_fn(i), dst, **_part_kwargs(kwargs, i)))
     except Exception as exc:
         raise RuntimeError(f"part {i} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -94,8 +149,8 @@ def write_parallel(
     if isinstance(n_parts, bool) or not isinstance(n_parts, int) or n_parts < 1:
         raise ValueError(f"n_parts must be an int >= 1, got {n_parts!r}")
     dst = Path(dst)
-    if dst.exists():
-        raise FileExistsError(f"{dst} already exists")
+    if os.path.lexists(dst):
+        raise DestinationExistsError(f"{dst} already exists")
     if not dst.parent.is_dir():
         raise FileNotFoundError(f"destination directory {dst.parent} does not exist")
     if workers is None:
@@ -111,7 +166,8 @@ def write_parallel(
         if workers == 0:
             pool: Executor = _InProcess()
         else:
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(mp_context))
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(mp_context),
+                                       initializer=die_with_parent, initargs=(os.getpid(),))
         with pool:
             parts = _results([pool.submit(_write_part, part_fn, i, names[i], write_kwargs) for i in range(n_parts)])
             parts = _unify(pool, parts, tmp, sharded, write_kwargs)
@@ -145,7 +201,7 @@ def _unify(pool: Executor, parts: list[str], tmp: Path, sharded: bool, kwargs: d
     for n, (p, s) in enumerate(zip(parts, schemas, strict=True)):
         if s != joined:
             dst = str(tmp / (f"wide-{n:05d}" if sharded else f"wide-{n:05d}.tbl"))
-            futures[n] = pool.submit(_rewrite_part, p, dst, joined.to_json(), rest)
+            futures[n] = pool.submit(_rewrite_part, p, dst, joined.to_json(), _part_kwargs(rest, n))
     out = list(parts)
     for n, path in zip(futures, _results(list(futures.values())), strict=True):
         out[n] = path

@@ -219,6 +219,12 @@ def _check_run(offs: list[int], limit: int, where: str) -> None:
         raise OffsetsError(f"{where}: offsets are not monotonic or exceed the heap")
 
 
+def _all_set(flags: bytearray, r: Region, bs: int) -> bool:
+    """Whether every block of region ``r`` is flagged as checked."""
+    n = -(-r.size // bs)
+    return flags.find(0, r.first_block, r.first_block + n) < 0
+
+
 class TblFile(Shard):
     """One .tbl file, memory-mapped read-only. See Shard for the interface."""
 
@@ -695,7 +701,8 @@ def read_range(a, b):
                 if zlib.crc32(mv[r.offset + k : r.offset + k + n]) != crc_of[r.first_block + j]:
                     raise DataChecksumError(
                         f"{self.path}: leaf {path!r}: {r.name} block {j} (bytes {r.offset + k}..{r.offset + k + n}) "
-                        "fails its CRC-32"
+                        "fails its CRC-32",
+                        path=str(self.path), block=r.first_block + j,
                     )
                 done += n
                 if progress is not None:
@@ -712,6 +719,82 @@ def read_range(a, b):
                 step = 4096
                 for a in range(0, self.rows, step):
                     self.read_range(a, min(self.rows, a + step))
+
+    def block_flags(self) -> bytearray:
+        """One zeroed flag per entry of the checksum table (see ``verify_rows``)."""
+        return bytearray(self.n_blocks)
+
+    def verify_rows(self, rows: list[int], leaves: list[str], flags: bytearray) -> list[str]:
+        """Check the CRC-32 of each data block (``data``, ``heap``, ``present``) holding ``leaves`` of ``rows``
+        whose flag is 0, setting the flag of each that passes; returns the leaves whose data blocks are now all
+        checked. Tables need no check here: every open checks them. DataChecksumError names the file, the
+        leaf, the block and the rows (of this file) asked for that it holds."""
+        finished = []
+        bs = self.block_size
+        for path in leaves:
+            col = self._cols[path]
+            regions = [r for r in (col.data, col.heap, col.present) if r is not None and r.size]
+            if all(_all_set(flags, r, bs) for r in regions):
+                finished.append(path)
+                continue
+            for r, ranges in self._row_ranges(col, rows):
+                need: dict[int, list[int]] = {}
+                first = r.first_block
+                for i, a, b in ranges:
+                    if b <= a:
+                        continue
+                    for j in range(a // bs, (b - 1) // bs + 1):
+                        if not flags[first + j]:
+                            need.setdefault(j, []).append(i)
+                for j, touching in need.items():
+                    self._check_block(r, j, path, touching, flags)
+            if all(_all_set(flags, r, bs) for r in regions):
+                finished.append(path)
+        return finished
+
+    def _row_ranges(self, col: Column, rows: list[int]) -> list[tuple[Region, list[tuple[int, int, int]]]]:
+        """Per data region of ``col``: (row, first byte, end byte) of each of ``rows``, relative to the region."""
+        out = []
+        u64 = self._u64
+        if col.present is not None:
+            out.append((col.present, [(i, i, i + 1) for i in rows]))
+        if col.data is not None and col.data.size:
+            rb = col.leaf.row_bytes
+            out.append((col.data, [(i, i * rb, (i + 1) * rb) for i in rows]))
+        if col.heap is not None and col.heap.size:
+            o = col.offsets.offset
+            spans = [(i, u64(o + 8 * i), u64(o + 8 * i + 8)) for i in rows]
+            leaf = col.leaf
+            if leaf.kind == "var_list":
+                if leaf.item == "str":
+                    it = col.items.offset
+                    spans = [(i, u64(it + 8 * s), u64(it + 8 * e)) for i, s, e in spans]
+                else:
+                    size = leaf.itemsize
+                    spans = [(i, s * size, e * size) for i, s, e in spans]
+            if col.compression is not None:
+                # A logical range lies in whole compressed blocks: their stored bytes, from the index.
+                block = col.compression[1]
+                ix = col.index.offset
+                spans = [(i, u64(ix + 8 * (s // block)), u64(ix + 8 * ((e - 1) // block + 1))) if e > s else (i, 0, 0)
+                         for i, s, e in spans]
+            limit = col.heap.size
+            out.append((col.heap, [(i, min(s, limit), min(e, limit)) for i, s, e in spans]))
+        return out
+
+    def _check_block(self, r: Region, j: int, path: str, rows: list[int], flags: bytearray) -> None:
+        bs = self.block_size
+        a = r.offset + j * bs
+        b = r.offset + min(r.size, (j + 1) * bs)
+        g = r.first_block + j
+        want = struct.unpack_from("<I", self._mm, self._crc_table.offset + 4 * g)[0]
+        if zlib.crc32(self._mv[a:b]) != want:
+            raise DataChecksumError(
+                f"{self.path}: leaf {path!r}: {r.name} block {j} (checksum entry {g}, bytes {a}..{b}) fails its "
+                f"CRC-32; it holds rows {rows}",
+                path=str(self.path), block=g, rows=tuple(rows),
+            )
+        flags[g] = 1
 
     def _check_monotonic(self, off: int, count: int, where: str) -> None:
         np = _numpy()

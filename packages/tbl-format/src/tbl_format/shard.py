@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TruncatedFileError
+from .fsutil import open_regular
 from .schema import Leaf, Schema
 
 #: Progress callback of verify(): called with (bytes checked so far, bytes to check).
@@ -70,6 +71,21 @@ class Shard:
     def verify(self, progress: Progress | None = None) -> None:
         raise NotImplementedError
 
+    def block_flags(self) -> bytearray:
+        """One zeroed flag per checksummed block, for ``verify_rows`` (the default checks the file as one block)."""
+        return bytearray(1)
+
+    def verify_rows(self, rows: list[int], leaves: list[str], flags: bytearray) -> list[str]:
+        """Check the blocks holding ``leaves`` of ``rows`` whose flag is 0, then set their flags; returns the
+        leaves whose blocks are now all checked. DataChecksumError names the file, block and rows (of this file).
+
+        The default verifies the whole file the first time (formats without per-block checksums).
+        """
+        if not flags[0]:
+            self.verify()
+            flags[0] = 1
+        return list(leaves)
+
     def describe(self) -> dict[str, Any]:
         """Facts for `tbl inspect`: {"format": ..., "columns": {path: {"stored_bytes", "raw_bytes", ...}}}."""
         return {"format": type(self).__name__, "columns": {}}
@@ -79,12 +95,18 @@ class Shard:
 
 
 def map_file(path: Path, min_size: int, what: str) -> tuple[Any, int]:
-    """(read-only mmap of the whole file, its size); TruncatedFileError if shorter than ``min_size``."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    """(read-only mmap of the whole file, its size); TruncatedFileError if shorter than ``min_size``.
+
+    Only a regular file is opened (NotRegularFileError otherwise: a FIFO would block).
+    """
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
         if size < min_size:
             raise TruncatedFileError(f"{path}: {size} bytes, shorter than the {min_size}-byte {what}")
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), size
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), size
+    finally:
+        os.close(fd)
 
 
 def release_map(mm: Any) -> None:

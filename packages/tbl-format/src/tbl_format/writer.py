@@ -37,8 +37,9 @@ from typing import Any
 
 from .codec import load_lz4_block
 from .columns import TABLES, Bytes, Column, FixedColumn, Spill, copy_into, make_column, mismatch, promotable
-from .errors import InvalidSchemaError, SchemaMismatchError
-from .fsutil import fsync_dir
+from .destination import check_destination
+from .errors import InvalidSchemaError, MetadataError, SchemaMismatchError
+from .fsutil import ensure_space, fsync_dir
 from .layout import (
     BLOCK_SIZE,
     FORMAT_VERSION,
@@ -53,22 +54,31 @@ from .manifest import publish_manifest
 from .reader import TblFile
 from .schema import LIST_ITEMS, Leaf, Schema, infer_schema, widen
 
-__all__ = ["FileWriter", "Writer", "write"]
+__all__ = ["METADATA_DEPTH", "FileWriter", "Writer", "check_metadata", "write"]
 
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 # Rows re-encoded per read when a finished file is rewritten with a wider schema.
 _REWRITE_ROWS = 4096
+#: Deepest nesting of metadata containers (the top-level dict is level 1).
+METADATA_DEPTH = 64
+# Header bytes besides metadata and schema: the fixed fields, and per leaf its column description.
+_HEADER_MARGIN = 4096
+_COLUMN_BYTES = 512
+# Free space is checked against the bytes spilled so far every this many rows (and before each file is assembled).
+_SPACE_CHECK_ROWS = 1024
 
 
 class FileWriter:
     """Writes one .tbl file into a temp file next to ``final``; ``finish()`` returns the temp path."""
 
-    def __init__(self, final: Path, schema: Schema, metadata: dict[str, Any], compression: str | None) -> None:
+    def __init__(self, final: Path, schema: Schema, metadata: dict[str, Any], compression: str | None,
+                 file_id: str | None = None) -> None:
         self.final = final
         self.schema = schema
         self.metadata = metadata
         self.compression = compression
+        self.file_id = file_id
         self.tmp = final.parent / f".{final.name}.tbl-tmp-{secrets.token_hex(4)}"
         self.spill_dir = Path(f"{self.tmp}.d")
         self.spill_dir.mkdir()
@@ -101,7 +111,7 @@ class FileWriter:
             return self
         tmp, _, _ = self.finish()
         try:
-            return rewrite(tmp, self.final, schema, self.metadata, self.compression)
+            return rewrite(tmp, self.final, schema, self.metadata, self.compression, self.file_id)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -212,6 +222,8 @@ def append_fast(sample, idx):
         head = PREAMBLE.pack(MAGIC, *version, len(header), file_size, 0, 0)[:PREAMBLE_CRC_SPAN]
         crc = zlib.crc32(header, zlib.crc32(head))
         preamble = PREAMBLE.pack(MAGIC, *version, len(header), file_size, crc, 0)
+        # The spill files still hold every byte until the file is assembled: it needs its whole size again.
+        ensure_space(self.tmp.parent, file_size, f"assembling {self.final.name}")
         fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.pwrite(fd, preamble + header, 0)
@@ -254,6 +266,8 @@ def append_fast(sample, idx):
             "columns": columns,
             "checksums": checksums,
         }
+        if self.file_id is not None:
+            header["file_id"] = self.file_id
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
         return text, places, max(end, data_start)
 
@@ -270,12 +284,13 @@ def append_fast(sample, idx):
             pass
 
 
-def rewrite(src: Path, final: Path, schema: Schema, metadata: dict[str, Any], compression: str | None) -> FileWriter:
+def rewrite(src: Path, final: Path, schema: Schema, metadata: dict[str, Any], compression: str | None,
+            file_id: str | None) -> FileWriter:
     """A FileWriter for ``final`` holding every row of the finished file ``src``, encoded under ``schema``.
 
     Rows read back as the values they were written from, so a wider schema takes them unchanged.
     """
-    fw = FileWriter(final, schema, metadata, compression)
+    fw = FileWriter(final, schema, metadata, compression, file_id)
     try:
         f = TblFile(src)
         try:
@@ -359,15 +374,52 @@ def with_variable(schema: Schema, variable: Iterable[str]) -> Schema:
     return Schema(tree)
 
 
-def _check_metadata(metadata: Any) -> dict[str, Any]:
+def check_metadata(metadata: Any) -> dict[str, Any]:
+    """``metadata`` as the JSON object the header will hold; MetadataError unless it is stored exactly.
+
+    Keys must be str at every level (JSON would turn ``1`` into ``"1"``, so ``{1: "a", "1": "b"}`` would
+    lose a key), nesting at most METADATA_DEPTH levels (checked without recursion), values JSON (tuples
+    become lists; no NaN / inf), and the JSON text at most the header cap.
+    """
     if metadata is None:
         return {}
     if not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+    stack: list[tuple[Any, str, int]] = [(metadata, "metadata", 1)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > METADATA_DEPTH:
+            raise MetadataError(f"{where}: metadata nests deeper than {METADATA_DEPTH} levels")
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    raise MetadataError(f"{where}: key {k!r} is {type(k).__name__}; metadata keys must be str "
+                                        "(JSON would turn it into a string)")
+                if isinstance(v, (dict, list, tuple)):
+                    stack.append((v, f"{where}[{k!r}]", depth + 1))
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                if isinstance(v, (dict, list, tuple)):
+                    stack.append((v, f"{where}[{i}]", depth + 1))
     try:
-        return json.loads(json.dumps(metadata, allow_nan=False))
+        text = json.dumps(metadata, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"metadata must be JSON-serializable (no NaN/inf): {exc}") from None
+        raise MetadataError(f"metadata must be JSON-serializable (no NaN/inf): {exc}") from None
+    if len(text.encode("utf-8")) > HEADER_CAP - _HEADER_MARGIN:
+        raise MetadataError(f"metadata of {len(text.encode('utf-8')):,} bytes of JSON does not fit the "
+                            f"{HEADER_CAP:,}-byte header cap")
+    return json.loads(text)
+
+
+def check_header_room(schema: Schema, metadata: dict[str, Any]) -> None:
+    """MetadataError when the schema and metadata alone would make a header over the cap (before any row)."""
+    leaves = schema.leaves
+    estimate = (len(json.dumps(schema.to_json(), separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+                + len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+                + sum(_COLUMN_BYTES + 2 * len(p.encode("utf-8")) for p in leaves) + _HEADER_MARGIN)
+    if estimate > HEADER_CAP:
+        raise MetadataError(f"a header of this schema ({len(leaves)} leaves) and metadata needs about "
+                            f"{estimate:,} bytes, over the {HEADER_CAP:,}-byte cap")
 
 
 class Writer:
@@ -384,6 +436,20 @@ class Writer:
     ``close()`` publishes atomically and returns the destination; ``abort()``
     removes everything this writer created. As a context manager it closes on
     success and aborts on exception.
+
+    The destination is checked by ``check_destination`` at construction and
+    again before publishing: an existing file or dataset is replaced only with
+    ``overwrite=True``; a link, FIFO, device or socket is never replaced
+    (``DestinationError``). Replacing a dataset directory removes only the old
+    shards the directory itself holds as TBL files; the old manifest's other
+    entries stay and are listed in ``kept`` after ``close()``.
+    ``file_id`` is stored in each file's header (SPEC.md) so that files of
+    equal rows have distinct header checksums; the shards of a sharded write
+    always get one (their index, after ``file_id + "/"`` when given).
+    Metadata is checked at construction (``MetadataError``: non-str keys,
+    nesting, size), free disk space while rows arrive and before each file is
+    assembled (``InsufficientSpaceError``: assembling needs the file's size
+    again while its temp columns still exist).
     """
 
     def __init__(
@@ -396,6 +462,8 @@ class Writer:
         compression: str | None = None,
         shard_rows: int | None = None,
         shard_bytes: int | None = None,
+        overwrite: bool = False,
+        file_id: str | None = None,
     ) -> None:
         if isinstance(variable, str):
             raise TypeError("variable must be a list of leaf paths, not a single string")
@@ -409,10 +477,18 @@ class Writer:
         for name, v in (("shard_rows", shard_rows), ("shard_bytes", shard_bytes)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if file_id is not None and not isinstance(file_id, str):
+            raise TypeError(f"file_id must be a str, got {type(file_id).__name__}")
         self.dst = Path(dst)
         self.schema = schema if isinstance(schema, Schema) or schema is None else Schema(schema)
         self._infer = schema is None  # only an inferred schema widens
-        self.metadata = _check_metadata(metadata)
+        self.metadata = check_metadata(metadata)
+        if self.schema is not None:
+            check_header_room(self.schema, self.metadata)
+        self.overwrite = bool(overwrite)
+        self.file_id = file_id
+        #: After close(): files the replaced dataset's manifest listed that were left in place (not provably its own).
+        self.kept: list[Path] = []
         self.compression = compression
         self.sharded = shard_rows is not None or shard_bytes is not None
         self.shard_rows = shard_rows
@@ -424,16 +500,11 @@ class Writer:
         self._token = secrets.token_hex(4)
         self._created_dir = False
         self._done = False
-        if self.sharded:
-            if self.dst.exists() and not self.dst.is_dir():
-                raise FileExistsError(f"{self.dst} exists and is not a directory")
-            if not self.dst.exists():
-                self.dst.mkdir(parents=True)
-                self._created_dir = True
-        elif self.dst.is_dir():
-            raise IsADirectoryError(f"{self.dst} is a directory; pass shard_rows/shard_bytes to write a sharded dataset")
-        elif not self.dst.parent.is_dir():
-            raise FileNotFoundError(f"destination directory {self.dst.parent} does not exist")
+        self._next_space_check = _SPACE_CHECK_ROWS
+        check_destination(self.dst, directory=self.sharded, overwrite=self.overwrite)
+        if self.sharded and not os.path.lexists(self.dst):
+            self.dst.mkdir(parents=True)
+            self._created_dir = True
 
     def __enter__(self) -> Writer:
         return self
@@ -446,16 +517,19 @@ class Writer:
 
     def _open_file(self) -> FileWriter:
         if self.sharded:
-            final = self.dst / f"shard-{self._token}-{len(self._shards):05d}.tbl"
-        else:
-            final = self.dst
-        return FileWriter(final, self.schema, self.metadata, self.compression)
+            n = len(self._shards)
+            final = self.dst / f"shard-{self._token}-{n:05d}.tbl"
+            file_id = f"{self.file_id}/{n}" if self.file_id is not None else str(n)
+            return FileWriter(final, self.schema, self.metadata, self.compression, file_id)
+        return FileWriter(self.dst, self.schema, self.metadata, self.compression, self.file_id)
 
     def write(self, sample: Any) -> None:
         if self._done:
             raise RuntimeError("write() on a closed or aborted Writer")
         if self.schema is None:
-            self.schema = with_variable(infer_schema(sample), self.variable) if self.variable else infer_schema(sample)
+            schema = with_variable(infer_schema(sample), self.variable) if self.variable else infer_schema(sample)
+            check_header_room(schema, self.metadata)
+            self.schema = schema
         if self._file is None:
             self._file = self._open_file()
         fw = self._file
@@ -472,6 +546,11 @@ class Writer:
                 encoded = encode_sample(fw, sample, self.rows)
             fw.append(encoded)
         self.rows += 1
+        if self.rows >= self._next_space_check:
+            self._next_space_check = self.rows + _SPACE_CHECK_ROWS
+            # Assembling the file needs its bytes once more while the temp columns hold them: fail now, not then.
+            ensure_space(self.dst.parent if not self.sharded else self.dst, fw.nbytes,
+                         f"writing {fw.final.name} (so far {fw.rows:,} rows: temp columns, then the file)")
         if self.sharded and (
             (self.shard_rows is not None and fw.rows >= self.shard_rows)
             or (self.shard_bytes is not None and fw.nbytes >= self.shard_bytes)
@@ -492,7 +571,8 @@ class Writer:
         """Go on under the wider ``schema``: promote the open file, rewrite the shards finished before it."""
         self.schema = schema
         for n, (tmp, entry) in enumerate(zip(self._pending, self._shards, strict=True)):
-            fw = rewrite(tmp, self.dst / entry["file"], schema, self.metadata, self.compression)
+            file_id = f"{self.file_id}/{n}" if self.file_id is not None else str(n)
+            fw = rewrite(tmp, self.dst / entry["file"], schema, self.metadata, self.compression, file_id)
             try:
                 new_tmp, crc, size = fw.finish()
             except BaseException:
@@ -531,6 +611,8 @@ class Writer:
                 self._file = None
                 try:
                     tmp, _, _ = fw.finish()
+                    # Again just before the rename: the destination may have become a FIFO, a link, a dataset.
+                    check_destination(self.dst, overwrite=self.overwrite)
                     os.replace(tmp, self.dst)
                 except BaseException:
                     fw.abort()
@@ -548,11 +630,13 @@ class Writer:
         elif self._file is not None:
             self._file.abort()
             self._file = None
+        check_destination(self.dst, directory=True, overwrite=self.overwrite or self._created_dir)
         for tmp, s in zip(self._pending, self._shards, strict=True):
             os.replace(tmp, self.dst / s["file"])
         self._pending = []
         fsync_dir(self.dst)
-        publish_manifest(self.dst, self.schema, self.metadata, self._shards)
+        kept = publish_manifest(self.dst, self.schema, self.metadata, self._shards)
+        self.kept = [self.dst / name for name in kept]
 
     def abort(self) -> None:
         """Remove everything this writer created; a previously published destination stays as it was."""
@@ -585,6 +669,8 @@ def write(
     compression: str | None = None,
     shard_rows: int | None = None,
     shard_bytes: int | None = None,
+    overwrite: bool = False,
+    file_id: str | None = None,
 ) -> Path:
     """Write every sample to ``dst`` (a ``.tbl`` file, or a directory when ``shard_rows``/``shard_bytes`` is set).
 
@@ -593,10 +679,12 @@ def write(
     the leaves named in ``variable`` variable-size from the start.
     ``compression="lz4"`` compresses variable-size leaves. numpy arrays and
     torch tensors are stored as arrays (tensors through ``.numpy()``; torch is
-    never imported). Published atomically; returns ``dst``.
+    never imported). Published atomically; returns ``dst``. An existing file
+    or dataset at ``dst`` is replaced only with ``overwrite=True``; see
+    ``Writer`` for what replacing removes and for ``file_id``.
     """
     with Writer(dst, schema, variable=variable, metadata=metadata, compression=compression, shard_rows=shard_rows,
-                shard_bytes=shard_bytes) as w:
+                shard_bytes=shard_bytes, overwrite=overwrite, file_id=file_id) as w:
         for s in samples:
             w.write(s)
     return w.dst
