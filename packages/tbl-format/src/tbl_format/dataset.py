@@ -71,7 +71,7 @@ class Dataset:
 
     ``len(ds)``; ``ds[i]``; ``ds.values(leaf, rows)``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
     ``ds.fingerprint``; ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.present_segments(leaf)``; ``ds.segment_rows``;
-    ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.close()``. Pickling keeps the path and the schema
+    ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.verify_rows(rows, leaves)``; ``ds.close()``. Pickling keeps the path and the schema
     fingerprint; the unpickled copy maps the files again on first use and
     raises DatasetChangedError if the schema changed meanwhile.
     """
