@@ -97,6 +97,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -359,22 +360,35 @@ def _mp_context() -> multiprocessing.context.BaseContext:
 
 
 @contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """SIGINT held back in this thread while the pool starts its processes.
+def _sigint_deferred() -> Iterator[None]:
+    """Ctrl-C held back while the pool starts its processes, then raised as KeyboardInterrupt.
 
-    The forkserver is started from this thread and inherits its signal mask, and every worker
-    inherits the forkserver's: so neither can die of a Ctrl-C with a traceback of its own before
-    it ignores SIGINT. A Ctrl-C meanwhile is delivered here, as KeyboardInterrupt, when the block
-    ends.
+    Two things can go wrong without this. A KeyboardInterrupt raised inside the pool's start-up
+    code (between starting a process and recording it) leaves a worker the pool never joins, which
+    then dies with a traceback of its own. And the forkserver, started from this thread, inherits
+    its signal mask (as every worker inherits the forkserver's): with SIGINT blocked here, neither
+    can die of a Ctrl-C with a traceback before it ignores SIGINT.
     """
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught: list[int] = []
+    handler = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is (
+        signal.default_int_handler
+    ):
+        handler = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    mask = None
+    if hasattr(signal, "pthread_sigmask"):
+        # The resource tracker starts first, outside the block: starting it unblocks SIGINT on its way out.
+        resource_tracker.ensure_running()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _results_in_order(
@@ -409,7 +423,7 @@ def _results_in_order(
             pending.append((start, pool.submit(_worker_chunk, locators[start : start + chunk])))
 
     try:
-        with _sigint_blocked():
+        with _sigint_deferred():
             pool = ProcessPoolExecutor(
                 max_workers=workers,
                 mp_context=_mp_context(),
