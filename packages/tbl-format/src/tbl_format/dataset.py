@@ -354,7 +354,7 @@ class Dataset:
         ``[0, len)`` (else IndexError). Raises DataChecksumError naming the file,
         the block and the rows asked for that it holds (``exc.path``,
         ``exc.block``, ``exc.rows``: global row numbers). Once every block of the
-        leaves asked for is checked the call returns at once. Safe to call from a
+        leaves asked for is checked the call returns at once, without looking at ``rows``. Safe to call from a
         producer thread while others read: a block two threads check at the same
         time is checked twice, never skipped. TurboLoader files are checked whole,
         once. Tables (offsets, shapes, items, index) are checked at every open.
