@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from . import order
-from .conversion import ConvertReport, ImageDecodeError, SourceError, WorkerCrashError, convert, merge_parts
+from .conversion import (
+    ConvertReport,
+    DestinationError,
+    ImageDecodeError,
+    SourceError,
+    WorkerCrashError,
+    convert,
+    merge_parts,
+)
 from .cursor import Resumable, StreamCursor, StreamOptions
 from .decode import PillowConfigError, UnsupportedImageModeError
 from .image_loader import Batch, ImageLoader
@@ -21,6 +29,7 @@ __all__ = [
     "BatchPlan",
     "BatchSource",
     "ConvertReport",
+    "DestinationError",
     "EpochOrder",
     "HostArray",
     "HostLoader",
