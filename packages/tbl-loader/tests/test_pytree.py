@@ -166,7 +166,7 @@ def test_pickle_drops_maps_and_reopens(sharded):
 def test_pickled_copy_detects_a_changed_dataset(tmp_path):
     path = write(({"a": i} for i in range(5)), tmp_path / "d.tbl")
     blob = pickle.dumps(PyTreeDataset(path))
-    write(({"a": i} for i in range(6)), tmp_path / "d.tbl")
+    write(({"a": i} for i in range(6)), tmp_path / "d.tbl", overwrite=True)
     with pytest.raises(tbl_format.DatasetChangedError):
         pickle.loads(blob)[0]
 

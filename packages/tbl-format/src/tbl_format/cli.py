@@ -180,12 +180,12 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser()  # loads the subcommands of the installed packages: Ctrl-C may land here
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("tbl: interrupted", file=sys.stderr)

@@ -22,6 +22,7 @@ from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
 from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
+from .verify import VERIFY_MODES
 from .version import __version__
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "StreamOptions",
     "UnsupportedImageModeError",
     "VAR_MODES",
+    "VERIFY_MODES",
     "WorkerCrashError",
     "__version__",
     "allocate_host",

@@ -29,6 +29,7 @@ from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, Ra
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
+from .verify import verify_mode
 
 __all__ = ["Batch", "ImageLoader"]
 
@@ -50,7 +51,10 @@ def _label_rows(seg: np.ndarray) -> np.ndarray:
 class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
-    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int) -> None:
+    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None) -> None:
+        # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
+        self.verify_rows = verify_rows
+        self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
         self.seed = seed
@@ -87,6 +91,8 @@ class _ImageSource:
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:  # no payload
         ids = plan.sample_ids
         n = ids.shape[0]
+        if self.verify_rows is not None:
+            self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
         out = buffers["images"][:n]
         flip = self._flip_mask(plan.epoch, ids)
         if self.crop is not None:
@@ -121,8 +127,9 @@ class ImageLoader(HostLoader):
     ``pin_memory`` without CUDA is a no-op with a RuntimeWarning. ``num_threads``
     sets the kernels' process-wide thread pool. ``rank`` / ``world_size`` default
     to torch.distributed's when it is initialized. ``padding`` ("wrap" or "drop")
-    evens out the ranks' shards. See :mod:`tbl_loader.cursor` for epochs and
-    resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
+    evens out the ranks' shards. ``verify`` (``"never"``, ``"open"`` or
+    ``"lazy"``): when data-block checksums are checked, see :mod:`tbl_loader.verify`.
+    See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
     """
@@ -152,6 +159,7 @@ class ImageLoader(HostLoader):
         backend: str | None = None,
         image_key: str = "image",
         label_key: str = "label",
+        verify: str | bool = "never",
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -162,17 +170,22 @@ class ImageLoader(HostLoader):
             if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
                 raise ValueError(f"num_threads must be an int >= 1 or None, got {num_threads!r}")
         output = OutputSpec.create(backend, device, pin_memory)
+        verify = verify_mode(verify)
 
         if isinstance(path, (str, os.PathLike)):
-            dataset = tbl_format.open(path)
+            dataset = tbl_format.open(path, verify=verify == "open")
             closers = [dataset.close]
         else:
             dataset, closers = path, []
         try:
+            if verify != "never" and not callable(getattr(dataset, "verify_rows", None)):
+                raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
+            if verify == "open" and closers == []:
+                dataset.verify()  # the caller's dataset: check it here, once
             columns = spec.bind(dataset)
             cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
                                   settings=spec.stream_settings())
-            source = _ImageSource(columns, spec, options.seed)
+            source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
         except BaseException:
             for close in closers:
@@ -185,6 +198,7 @@ class ImageLoader(HostLoader):
         self.spec = spec
         self.image_shape = columns.image_shape
         self.has_labels = columns.labels is not None
+        self.verify = verify
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
         return Batch(outputs["images"], outputs.get("labels"), self._indices(plan))

@@ -27,6 +27,7 @@ from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
 from .pytree_batch import Collator, Masked, Padded, RowSource
 from .state import pytree_fingerprint_v0_1
+from .verify import verify_mode
 
 __all__ = ["PyTreeLoader"]
 
@@ -34,9 +35,11 @@ __all__ = ["PyTreeLoader"]
 class _PyTreeSource:
     """Fills ring slots for one PyTreeLoader; holds the row source and collator, never the loader."""
 
-    def __init__(self, source: RowSource, collator: Collator) -> None:
+    def __init__(self, source: RowSource, collator: Collator, *, verify_lazily: bool) -> None:
         self.source = source
         self.collator = collator
+        # verify="lazy": each data block is checked the first time a batch touches it
+        self.verify_rows = source.dataset.verify_rows if verify_lazily else None
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         return {leaf.path: allocate_host((capacity, *leaf.row_shape), np.dtype(leaf.dtype), output, as_rows=True)
@@ -46,6 +49,8 @@ class _PyTreeSource:
         """Gathers the fixed-size leaves into ``buffers``; returns the variable-size columns (the payload)."""
         ids = plan.sample_ids
         n = ids.shape[0]
+        if self.verify_rows is not None:
+            self.verify_rows(ids.tolist(), self.collator.paths)  # before any byte of these rows is read
         gathered = self.collator.gathered
         if n and gathered:
             self.source.gather(gathered, ids, [buffers[leaf.path][:n] for leaf in gathered])
@@ -66,8 +71,9 @@ class PyTreeLoader(HostLoader):
     ``set_epoch``, ``state_dict`` / ``load_state_dict``, ``prefetch`` (batches
     prepared ahead on a producer thread; 0 = no thread), ``device`` and
     ``pin_memory`` behave exactly as in :class:`tbl_loader.ImageLoader` (same code:
-    :class:`tbl_loader.cursor.StreamCursor` and :class:`tbl_loader.pipeline.HostPipeline`). ``leaves`` selects leaf paths;
-    ``max_open`` bounds the shards mapped at once.
+    :class:`tbl_loader.cursor.StreamCursor` and :class:`tbl_loader.pipeline.HostPipeline`).
+    ``leaves`` selects leaf paths; ``max_open`` bounds the shards mapped at once;
+    ``verify`` (``"never"``, ``"open"``, ``"lazy"``) is as in ImageLoader (:mod:`tbl_loader.verify`).
 
     Ring buffers are reused only after every view of a batch was dropped; keep
     copies rather than batches if you store them.
@@ -92,19 +98,21 @@ class PyTreeLoader(HostLoader):
         pin_memory: bool = False,
         return_indices: bool = False,
         max_open: int = tbl_format.DEFAULT_MAX_OPEN,
-        verify: bool = False,
+        verify: str | bool = "never",
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
-        source = RowSource(path, max_open=max_open, verify=verify)
+        verify = verify_mode(verify)
+        source = RowSource(path, max_open=max_open, verify=verify == "open")
         try:
             collator = Collator(source.schema, leaves, var)
             cursor = StreamCursor(source.num_rows, options, dataset_fingerprint=source.dataset.fingerprint,
                                   accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),))
-            pipeline = HostPipeline(_PyTreeSource(source, collator), output, capacity=options.batch_size,
+            pipeline = HostPipeline(_PyTreeSource(source, collator, verify_lazily=verify == "lazy"), output,
+                                    capacity=options.batch_size,
                                     prefetch=prefetch, closers=[source.close])
         except BaseException:
             source.close()

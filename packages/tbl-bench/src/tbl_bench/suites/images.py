@@ -86,7 +86,8 @@ def _crop_spec(size: int):
 
 
 class _TblServe:
-    def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device):
+    def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device,
+                 verify: str = "never", reopen: bool = False):
         ImageLoader = _image_loader()
         if aug not in AUGMENTATIONS:
             raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
@@ -103,10 +104,20 @@ class _TblServe:
         ds.close()
         if device is not None:
             kwargs["device"] = device
-        self.loader = ImageLoader(path, batch_size, shuffle=True, seed=seed, num_threads=threads, **kwargs)
-        self.info = {"num_threads": threads, "device": device}
+        if verify != "never":
+            kwargs["verify"] = verify
+        # reopen: a new loader (fresh maps, nothing verified yet) every epoch, so each timed epoch
+        # pays what a first epoch pays.
+        self.open_loader = lambda: ImageLoader(path, batch_size, shuffle=True, seed=seed, num_threads=threads,
+                                               **kwargs)
+        self.reopen = reopen
+        self.loader = self.open_loader()
+        self.info = {"num_threads": threads, "device": device, "verify": verify, "reopen": reopen}
 
     def run_epoch(self, epoch: int) -> int:
+        if self.reopen:
+            self.loader.close()
+            self.loader = self.open_loader()
         self.loader.set_epoch(epoch)
         n = 0
         for batch in self.loader:
@@ -118,11 +129,13 @@ class _TblServe:
         self.loader.close()
 
 
-def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None):
+def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None,
+              verify: str = "never", reopen: bool = False):
     """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
 
-    `size` is the output size of the crop configuration; plain and flip serve the stored size."""
-    return _TblServe(path, batch_size, aug, level, size, seed, threads, device)
+    `size` is the output size of the crop configuration; plain and flip serve the stored size.
+    `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost)."""
+    return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen)
 
 
 class _NumpyReference:
@@ -210,6 +223,15 @@ def configurations(ctx: BenchContext) -> list[Config]:
             configs.append(cfg(f"tbl/{level}/{aug}/{size}", "tbl", "tbl_bench.suites.images:tbl_serve",
                                {"path": path, "batch_size": s.batch_size, "aug": aug, "level": level,
                                 "size": size}, skip=skip))
+            if aug == "plain" and level == "consume":
+                # The cost of verify="lazy": steady state (blocks checked in the warm-up epoch), and a
+                # first epoch (a new loader every epoch), each next to "never" measured the same way.
+                for suffix, extra in (("verify-lazy", {"verify": "lazy"}), ("reopen", {"reopen": True}),
+                                      ("reopen-verify-lazy", {"verify": "lazy", "reopen": True})):
+                    configs.append(cfg(f"tbl/{level}/{aug}/{size}/{suffix}", "tbl",
+                                       "tbl_bench.suites.images:tbl_serve",
+                                       {"path": path, "batch_size": s.batch_size, "aug": aug, "level": level,
+                                        "size": size, **extra}, skip=skip))
             if aug == "plain":
                 configs.append(cfg(f"numpy/{level}/plain/{size}", "numpy", "tbl_bench.suites.images:numpy_reference",
                                    {"path": path, "batch_size": s.batch_size, "level": level, "aug": "plain",

@@ -1,0 +1,94 @@
+"""verify="never" | "open" | "lazy": a flipped data byte is caught, named, and never served when asked for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import write_dataset
+
+import tbl_format
+from tbl_loader import VERIFY_MODES, ImageLoader, PyTreeLoader
+
+ROWS = 300
+SHAPE = (64, 64, 3)  # 12 KiB per image: the image column spans several 1 MiB checksum blocks
+BAD_ROW = 250
+
+
+def _flip_a_byte_of(path, needle: bytes) -> None:
+    """Flip one byte inside ``needle``'s only occurrence in the file (the test's own file)."""
+    data = bytearray(path.read_bytes())
+    at = data.find(needle)
+    assert at >= 0 and data.find(needle, at + 1) < 0
+    data[at + len(needle) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def corrupt_images(tmp_path):
+    images = np.random.default_rng(5).integers(0, 256, (ROWS, *SHAPE), dtype=np.uint8)
+    path = write_dataset(tmp_path / "images.tbl", images, np.arange(ROWS))
+    _flip_a_byte_of(path, images[BAD_ROW].tobytes())
+    return path
+
+
+def test_lazy_verify_raises_at_the_first_batch_touching_the_bad_block(corrupt_images):
+    seen = []
+    with ImageLoader(corrupt_images, 16, shuffle=False, verify="lazy", backend="numpy", prefetch=2) as loader:
+        with pytest.raises(tbl_format.DataChecksumError) as caught:
+            for batch in loader:
+                seen.append(batch.indices.copy())
+    err = caught.value
+    assert err.path is not None and str(corrupt_images) in str(err.path)
+    assert err.rows and all(isinstance(r, int) for r in err.rows)
+    served = np.concatenate(seen) if seen else np.empty(0, np.int64)
+    # Every batch handed out lies before the failing one, and none holds a row of the bad block.
+    assert BAD_ROW not in served and not set(err.rows) & set(served.tolist())
+    assert served.size == 16 * len(seen) and served.size <= BAD_ROW
+
+
+def test_never_serves_the_flipped_byte_silently_and_open_refuses_the_dataset(corrupt_images):
+    with ImageLoader(corrupt_images, 50, shuffle=False, verify="never", backend="numpy") as loader:
+        assert sum(b.indices.shape[0] for b in loader) == ROWS
+    with pytest.raises(tbl_format.DataChecksumError):
+        ImageLoader(corrupt_images, 50, verify="open", backend="numpy")
+    with pytest.raises(tbl_format.DataChecksumError):
+        ImageLoader(corrupt_images, 50, verify=True, backend="numpy")  # the older boolean form
+
+
+def test_lazy_verify_passes_clean_data_and_changes_nothing(tmp_path):
+    images = np.random.default_rng(6).integers(0, 256, (ROWS, *SHAPE), dtype=np.uint8)
+    path = write_dataset(tmp_path / "clean", images, np.arange(ROWS), shard_rows=70)
+    kwargs = {"seed": 3, "hflip": 0.5, "backend": "numpy"}
+    with ImageLoader(path, 32, verify="lazy", **kwargs) as lazy, ImageLoader(path, 32, **kwargs) as plain:
+        for _ in range(2):  # the second epoch runs on checked blocks
+            for a, b in zip(lazy, plain, strict=True):
+                assert np.array_equal(a.indices, b.indices) and np.array_equal(a.images, b.images)
+
+
+def test_pytree_loader_lazy_verify(tmp_path):
+    rows = [{"id": i, "vec": np.full(512, i, dtype=np.float64)} for i in range(ROWS)]  # 4 KiB per row
+    path = tbl_format.write(rows, tmp_path / "rows.tbl")
+    _flip_a_byte_of(path, rows[BAD_ROW]["vec"].tobytes())
+    with PyTreeLoader(path, 20, shuffle=False, verify="lazy", backend="numpy") as loader:
+        with pytest.raises(tbl_format.DataChecksumError):
+            for _ in loader:
+                pass
+
+
+@pytest.mark.parametrize("bad", ["sometimes", 1, None])
+def test_verify_mode_is_checked(single_file_path, bad):
+    with pytest.raises(ValueError, match="verify must be one of"):
+        ImageLoader(single_file_path, 4, verify=bad)
+    assert VERIFY_MODES == ("never", "open", "lazy")
+
+
+def test_lazy_verify_needs_a_tbl_dataset(single_file_path):
+    class Wrapped:  # an "already open dataset" without the block checks
+        def __init__(self, ds):
+            self._ds = ds
+            self.leaf_paths, self.fingerprint, self.segments = ds.leaf_paths, ds.fingerprint, ds.segments
+
+    ds = tbl_format.open(single_file_path)
+    with pytest.raises(TypeError, match="tbl_format.Dataset"):
+        ImageLoader(Wrapped(ds), 4, verify="lazy")
+    ds.close()
