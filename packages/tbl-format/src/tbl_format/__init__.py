@@ -34,6 +34,7 @@ from .errors import (
     UnsupportedVersionError,
     V2LayoutError,
 )
+from .fsutil import file_kind, open_regular
 from .kinds import KINDS, Kind
 from .layout import FORMAT_VERSION
 from .manifest import merge_manifests
@@ -84,9 +85,11 @@ __all__ = [
     "Writer",
     "__version__",
     "check_destination",
+    "file_kind",
     "infer_schema",
     "merge_manifests",
     "open",
+    "open_regular",
     "write",
     "write_parallel",
 ]

@@ -114,7 +114,6 @@ from .sources import (
     Locator,
     SourceError,
     TarReader,
-    describe_mode,
     open_source,
     read_file,
 )
@@ -508,14 +507,14 @@ def _shard_is_own(directory: Path, name: str) -> str | None:
         except FileNotFoundError:
             return None
         if not stat.S_ISDIR(st.st_mode):
-            return f"{where} is {describe_mode(st.st_mode)}"
+            return f"{where} is {tbl_format.file_kind(st.st_mode)}"
     where = where / parts[-1]
     try:
         st = os.lstat(where)
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(st.st_mode):
-        return f"{where} is {describe_mode(st.st_mode)}"
+        return f"{where} is {tbl_format.file_kind(st.st_mode)}"
     try:
         tbl_format.open(where).close()
     except (tbl_format.FormatError, OSError, ValueError) as e:
@@ -531,7 +530,7 @@ def _check_destination(dst: Path, *, sharded: bool, force: bool, inputs: Sequenc
         return
     except OSError as e:  # a parent that is a file (ENOTDIR), no permission, a link loop
         raise DestinationError(f"{dst}: {e.strerror or e}") from e
-    kind = describe_mode(st.st_mode)
+    kind = tbl_format.file_kind(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         raise DestinationError(f"{dst} is a symbolic link; name the file or folder itself (a link is never replaced)")
     own = (st.st_dev, st.st_ino)
@@ -585,7 +584,7 @@ def _check_report_path(path: Path, inputs: Sequence[Path]) -> None:
     except OSError as e:
         raise DestinationError(f"report {path}: {e.strerror or e}") from e
     if not stat.S_ISREG(st.st_mode):
-        raise DestinationError(f"report {path} is {describe_mode(st.st_mode)}; it is never replaced")
+        raise DestinationError(f"report {path} is {tbl_format.file_kind(st.st_mode)}; it is never replaced")
     for p in inputs:
         if _identity(p) == (st.st_dev, st.st_ino):
             raise DestinationError(f"report {path} is {str(p)!r}, an input or the destination; it is never overwritten")

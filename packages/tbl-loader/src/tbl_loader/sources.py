@@ -88,6 +88,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
+import tbl_format
+
 __all__ = [
     "DEFAULT_MAX_IMAGE_BYTES",
     "IMG_EXTENSIONS",
@@ -96,7 +98,6 @@ __all__ = [
     "NotRegularFileError",
     "SourceError",
     "TarReader",
-    "describe_mode",
     "open_regular",
     "open_source",
     "parse_label_file",
@@ -130,41 +131,14 @@ class ImageTooLargeError(ValueError):
     """An image's encoded size exceeds the cap (``max_image_bytes``); none of it is read."""
 
 
-def describe_mode(mode: int) -> str:
-    """'a FIFO', 'a character device', ... for an ``st_mode``."""
-    for test, name in (
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISLNK, "a symbolic link"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
-    """Open a regular file for reading: (fd, fstat). Anything else raises NotRegularFileError unopened.
-
-    ``stat`` comes first so a FIFO or a device node is never opened (opening a FIFO blocks until a
-    writer comes; a device may stream without end or act on open). The open itself is non-blocking
-    and re-checked with ``fstat``, in case the path was replaced in between.
-    """
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise NotRegularFileError(f"{describe_mode(st.st_mode)}, not a regular file: never opened")
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    """Open a regular file for reading: (fd, fstat). Anything else raises NotRegularFileError unopened
+    (``tbl_format.open_regular``: stat first, then a non-blocking open checked again)."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFileError(f"{describe_mode(st.st_mode)}, not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
+        fd = tbl_format.open_regular(path, "image")
+    except tbl_format.NotRegularFileError as e:
+        raise NotRegularFileError(f"{e}: never opened") from None
+    return fd, os.fstat(fd)
 
 
 def _too_large(size: int, cap: int) -> ImageTooLargeError:
@@ -538,7 +512,7 @@ def open_source(
                 except OSError as e:  # the root or a class folder cannot be listed (a subfolder is skipped)
                     raise SourceError(f"{where}: {e}") from e
             elif not stat.S_ISREG(st.st_mode):
-                raise SourceError(f"{where} is {describe_mode(st.st_mode)}; a source is a TAR file or a folder")
+                raise SourceError(f"{where} is {tbl_format.file_kind(st.st_mode)}; a source is a TAR file or a folder")
             else:
                 compression, opener = _sniff_compression(path)
                 if compression is None:
