@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 from import_rules import IMPORT_NAME, PACKAGES, ROOT, module_files, package_dir, sibling_violations
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ALLOWED_DEPS = {
     "tbl_format": set(),
@@ -169,12 +172,14 @@ def _version(dist: str) -> tuple[int, ...]:
 
 
 def _pin(dependent: str, dependency: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(MIN, NEXT) of ``dependent``'s ``>=MIN,<NEXT`` dependency on ``dependency``, from its pyproject."""
     pyproject = tomllib.loads((PACKAGES / dependent / "pyproject.toml").read_text())
-    spec = next(d for d in pyproject["project"]["dependencies"] if d.startswith(dependency))
-    low = re.search(r">=\s*([\d.]+)", spec)
-    high = re.search(r"<\s*([\d.]+)", spec)
-    assert low and high, f"{dependent} must pin {dependency} as >=MIN,<NEXT (got {spec!r})"
-    return tuple(int(p) for p in low.group(1).split(".")), tuple(int(p) for p in high.group(1).split("."))
+    (requirement,) = [
+        r for r in map(Requirement, pyproject["project"]["dependencies"]) if canonicalize_name(r.name) == dependency
+    ]
+    bounds = {s.operator: Version(s.version).release for s in requirement.specifier}
+    assert set(bounds) == {">=", "<"}, f"{dependent} must pin {dependency} as >=MIN,<NEXT (got {requirement})"
+    return bounds[">="], bounds["<"]
 
 
 @pytest.mark.parametrize(

@@ -1,15 +1,21 @@
-"""The import-time check of the compiled kernels' version and ABI."""
-
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tomllib
 import types
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 import tbl_kernels
 from tbl_loader import _kernels
+
+PIN = _kernels.KernelsPin(minimum=(0, 1, 0), below=(0, 2))
+FIX = 'pip install "tbl-kernels>=0.1.0,<0.2" (from a TBL checkout: pip install ./packages/tbl-kernels)'
 
 
 def _fake(version, abi):
@@ -24,29 +30,89 @@ def test_installed_kernels_pass():
     assert _kernels.check_kernels(tbl_kernels) is tbl_kernels
 
 
+def test_the_pin_is_the_pyproject_dependency():
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    (declared,) = [Requirement(d) for d in pyproject["project"]["dependencies"] if d.startswith("tbl-kernels")]
+    assert Requirement(_kernels.KERNELS_PIN.requirement) == declared
+
+
+@pytest.mark.parametrize(
+    ("requirements", "minimum", "below"),
+    [
+        (["numpy>=1.24", "tbl-kernels>=0.1.0,<0.2"], (0, 1, 0), (0, 2)),
+        (["tbl-kernels<0.2,>=0.1.0", "tbl-format<0.2,>=0.1.0"], (0, 1, 0), (0, 2)),
+        (["tbl_kernels >= 0.1.3 , < 0.3"], (0, 1, 3), (0, 3)),
+        (["TBL.Kernels>=1.0.0,<1.1"], (1, 0, 0), (1, 1)),
+    ],
+)
+def test_parse_kernels_pin(requirements, minimum, below):
+    assert _kernels.parse_kernels_pin(requirements) == _kernels.KernelsPin(minimum, below)
+
+
+@pytest.mark.parametrize(
+    "requirements",
+    [
+        [],
+        ["tbl-kernels-extra>=0.1.0,<0.2"],
+        ["tbl-kernels>=0.1.0"],
+        ["tbl-kernels==0.1.0"],
+        ["tbl-kernels>=0.1.0,<0.2,!=0.1.1"],
+        ["tbl-kernels>=0.1.0,<=0.2"],
+        ["tbl-kernels>=0.1.0,<0.2; python_version >= '3.11'"],
+        ["tbl-kernels>=0.1.0,<0.2", "tbl-kernels>=0.1.0,<0.2"],
+    ],
+)
+def test_parse_kernels_pin_refuses_other_forms(requirements):
+    with pytest.raises(ValueError, match="tbl-kernels"):
+        _kernels.parse_kernels_pin(requirements)
+
+
+@pytest.mark.parametrize(
+    "version", ["0.0.9", "0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0rc1", "0.2.0", "0.10.0", "1.0.0"]
+)
+def test_admits_agrees_with_packaging(version):
+    specifier = Requirement(PIN.requirement).specifier
+    assert PIN.admits(version) == specifier.contains(Version(version), prereleases=True)
+
+
 @pytest.mark.parametrize("version", ["0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local"])
 def test_versions_in_range_pass(version):
-    assert _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI)).__version__ == version
+    assert _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI), PIN).__version__ == version
 
 
-@pytest.mark.parametrize("version", ["0.0.9", "0.2.0", "1.0.0", "garbage", None])
+@pytest.mark.parametrize("version", ["0.0.9", "0.2.0", "0.3.0", "1.0.0", "garbage", None])
 def test_versions_out_of_range_name_versions_and_the_fix(version):
     with pytest.raises(ImportError) as info:
-        _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI))
-    msg = str(info.value)
-    assert f"tbl-kernels {version} is installed" in msg
-    assert "tbl-kernels>=0.1.0,<0.2" in msg
-    assert 'pip install "tbl-kernels>=0.1.0,<0.2"' in msg
+        _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI), PIN)
+    assert str(info.value) == (
+        f"tbl-loader needs tbl-kernels>=0.1.0,<0.2 but tbl-kernels {version} is installed; fix it with: {FIX}"
+    )
 
 
 def test_abi_mismatch_names_both_abis_and_the_fix():
     ours, other = _kernels.KERNELS_ABI, _kernels.KERNELS_ABI + 1
-    with pytest.raises(ImportError, match=rf"ABI {ours} but the installed tbl-kernels 0\.1\.0 has ABI {other}") as info:
-        _kernels.check_kernels(_fake("0.1.0", other))
-    assert 'pip install "tbl-kernels>=0.1.0,<0.2"' in str(info.value)
+    with pytest.raises(ImportError) as info:
+        _kernels.check_kernels(_fake("0.1.0", other), PIN)
+    assert str(info.value) == (
+        f"tbl-loader was built for tbl-kernels ABI {ours} but the installed tbl-kernels 0.1.0 has ABI {other}; "
+        f"fix it with: {FIX}"
+    )
 
 
-def test_pin_agrees_with_pyproject():
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
-    deps = [d.replace(" ", "") for d in pyproject["project"]["dependencies"]]
-    assert _kernels.KERNELS_REQUIREMENT in deps
+@pytest.mark.parametrize(
+    ("version", "abi", "expected"),
+    [
+        ("0.3.0", _kernels.KERNELS_ABI, "but tbl-kernels 0.3.0 is installed; fix it with: "),
+        ("0.1.0", 99, "but the installed tbl-kernels 0.1.0 has ABI 99; fix it with: "),
+    ],
+)
+def test_importing_the_loader_with_other_kernels_fails_with_the_fix(tmp_path, version, abi, expected):
+    """What a user sees: ``import tbl_loader`` with a tbl_kernels outside the pin installed first on the path."""
+    fake = tmp_path / "tbl_kernels"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(f'__version__ = "{version}"\nKERNELS_ABI = {abi}\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", "import tbl_loader"], env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: tbl-loader ") and last.endswith(expected + _kernels.KERNELS_PIN.fix), last

@@ -1,50 +1,109 @@
 """The compiled kernels this loader was built against, checked at import.
 
-The loader pins ``tbl-kernels`` to one minor series (``KERNELS_REQUIREMENT``, the
-same string as in pyproject.toml) and to one binding ABI (``KERNELS_ABI``). A
-mismatch fails at import with the installed and required versions and the pip
-command that fixes it, instead of failing later inside a kernel call.
+The loader pins ``tbl-kernels`` to one minor series and to one binding ABI
+(``KERNELS_ABI``). The pin has one home: the dependency in tbl-loader's
+pyproject.toml, read here from the installed package metadata. A mismatch fails
+at import with the installed and required versions and the pip command that
+fixes it, instead of failing later inside a kernel call.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
+from dataclasses import dataclass
 from types import ModuleType
 
-__all__ = ["KERNELS_ABI", "KERNELS_REQUIREMENT", "check_kernels", "kernels"]
-
-KERNELS_REQUIREMENT = "tbl-kernels>=0.1.0,<0.2"
-"""The pinned range; pyproject.toml carries the same string (a test checks they agree)."""
+__all__ = ["KERNELS_ABI", "KERNELS_PIN", "KernelsPin", "check_kernels", "kernels", "parse_kernels_pin"]
 
 KERNELS_ABI = 2
 """The binding ABI this loader calls (tbl_kernels.KERNELS_ABI must equal it)."""
 
-_PIN = re.fullmatch(r"tbl-kernels>=(\d+)\.(\d+)\.(\d+),<(\d+)\.(\d+)", KERNELS_REQUIREMENT)
-MIN_VERSION = tuple(int(v) for v in _PIN.group(1, 2, 3))
-NEXT_VERSION = tuple(int(v) for v in _PIN.group(4, 5))
-FIX_COMMAND = f'pip install "{KERNELS_REQUIREMENT}"'
+CHECKOUT_COMMAND = "pip install ./packages/tbl-kernels"
+"""The same fix from a TBL source checkout, where the kernels are built from the tree."""
+
+_CLAUSE = re.compile(r"\s*(>=|<)\s*(\d+(?:\.\d+)*)\s*")
 
 
-def _release(version: str) -> tuple[int, ...] | None:
+@dataclass(frozen=True)
+class KernelsPin:
+    """tbl-loader's range of supported kernels: ``minimum <= release < below``."""
+
+    minimum: tuple[int, ...]
+    below: tuple[int, ...]
+
+    @property
+    def requirement(self) -> str:
+        return f"tbl-kernels>={_dotted(self.minimum)},<{_dotted(self.below)}"
+
+    def admits(self, version: str | None) -> bool:
+        release = _release(version)
+        return release is not None and self.minimum <= release and release[: len(self.below)] < self.below
+
+    @property
+    def fix(self) -> str:
+        return f'pip install "{self.requirement}" (from a TBL checkout: {CHECKOUT_COMMAND})'
+
+
+def _dotted(parts: tuple[int, ...]) -> str:
+    return ".".join(str(p) for p in parts)
+
+
+def _release(version: str | None) -> tuple[int, ...] | None:
     """The numeric release part of a version string ("0.1.2rc1+local" -> (0, 1, 2)); None if unparsable."""
-    m = re.match(r"(\d+(?:\.\d+)*)", str(version))
+    m = re.match(r"(\d+(?:\.\d+)*)", str(version)) if version is not None else None
     return tuple(int(v) for v in m.group(1).split(".")) if m else None
 
 
-def check_kernels(module: ModuleType) -> ModuleType:
+def parse_kernels_pin(requirements: list[str]) -> KernelsPin:
+    """The tbl-kernels pin among ``requirements`` (as importlib.metadata.requires returns them).
+
+    The pin must read ``>=MIN,<NEXT`` in either order (the installed metadata
+    may reorder the clauses), with no environment marker and no other operator.
+    Anything else is a packaging bug and raises ValueError naming the requirement.
+    """
+    found = []
+    for req in requirements:
+        m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)", req)
+        if m and re.sub(r"[-_.]+", "-", m.group(1)).lower() == "tbl-kernels":
+            found.append((req, m.group(2)))
+    if len(found) != 1:
+        raise ValueError(f"tbl-loader's metadata must require tbl-kernels exactly once (found {len(found)})")
+    req, spec = found[0]
+    clauses = [_CLAUSE.fullmatch(part) for part in spec.split(",")]
+    ops = {c.group(1): tuple(int(v) for v in c.group(2).split(".")) for c in clauses if c}
+    if not all(clauses) or len(clauses) != 2 or set(ops) != {">=", "<"}:
+        raise ValueError(f"tbl-loader must pin tbl-kernels as >=MIN,<NEXT (got {req!r})")
+    return KernelsPin(minimum=ops[">="], below=ops["<"])
+
+
+def _installed_pin() -> KernelsPin:
+    try:
+        requirements = importlib.metadata.requires("tbl-loader") or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ImportError(
+            "tbl-loader's package metadata is missing (it is imported without being installed); "
+            "install it: pip install tbl-loader (from a TBL checkout: pip install ./packages/tbl-loader)"
+        ) from exc
+    return parse_kernels_pin(requirements)
+
+
+KERNELS_PIN = _installed_pin()
+"""The pinned range, read from the installed metadata (the pyproject.toml dependency)."""
+
+
+def check_kernels(module: ModuleType, pin: KernelsPin = KERNELS_PIN) -> ModuleType:
     """Return ``module`` if its version and ABI are the ones this loader supports, else raise ImportError."""
     version = getattr(module, "__version__", None)
     abi = getattr(module, "KERNELS_ABI", None)
-    release = _release(version) if version is not None else None
-    if release is None or not (MIN_VERSION <= release and release[:2] < NEXT_VERSION):
+    if not pin.admits(version):
         raise ImportError(
-            f"tbl-loader needs {KERNELS_REQUIREMENT} but tbl-kernels {version} is installed; "
-            f"fix it with: {FIX_COMMAND}"
+            f"tbl-loader needs {pin.requirement} but tbl-kernels {version} is installed; fix it with: {pin.fix}"
         )
     if abi != KERNELS_ABI:
         raise ImportError(
             f"tbl-loader was built for tbl-kernels ABI {KERNELS_ABI} but the installed tbl-kernels {version} "
-            f"has ABI {abi}; fix it with: {FIX_COMMAND}"
+            f"has ABI {abi}; fix it with: {pin.fix}"
         )
     return module
 
@@ -53,8 +112,11 @@ def _load() -> ModuleType:
     try:
         import tbl_kernels
     except ImportError as exc:
-        raise ImportError(f"tbl-loader needs the compiled kernels ({exc}); install them with: {FIX_COMMAND}") from exc
+        raise ImportError(
+            f"tbl-loader needs the compiled kernels ({exc}); install them with: {KERNELS_PIN.fix}"
+        ) from exc
     return check_kernels(tbl_kernels)
 
 
 kernels = _load()
+"""The import-time check of the compiled kernels' version and ABI."""
