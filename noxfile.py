@@ -9,11 +9,14 @@ would pull a multi-GB CUDA build.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 ROOT = Path(__file__).parent
 PKG = ROOT / "packages"
@@ -71,17 +74,45 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
 
 
-def _kernels_pin() -> tuple[str, str]:
-    """(MIN, NEXT_MINOR) of tbl-loader's pin on tbl-kernels, read from its metadata."""
+KERNELS_RELEASES = PKG / "tbl-kernels" / "RELEASES.toml"
+
+
+def _kernels_pin() -> str:
+    """MIN of tbl-loader's ``tbl-kernels>=MIN,<NEXT`` dependency, read from its pyproject (the pin's one home)."""
     meta = tomllib.loads((PKG / "tbl-loader" / "pyproject.toml").read_text())
-    spec = next(d for d in meta["project"]["dependencies"] if d.startswith("tbl-kernels"))
-    low, high = re.search(r">=\s*([\d.]+)", spec), re.search(r"<\s*([\d.]+)", spec)
-    return low.group(1), high.group(1)
+    (pin,) = [r for r in map(Requirement, meta["project"]["dependencies"]) if r.name == "tbl-kernels"]
+    (minimum,) = [s.version for s in pin.specifier if s.operator == ">="]
+    return str(Version(minimum))
 
 
 def _kernels_in_tree_version() -> str:
+    """The tree's tbl-kernels version, read the way its build reads it (the regex in its pyproject)."""
     text = (PKG / "tbl-kernels" / "src" / "tbl_kernels" / "__init__.py").read_text()
     return re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M).group(1)
+
+
+def _kernels_release_commit(version: str) -> str:
+    """The commit on main recorded in RELEASES.toml as the source of tbl-kernels ``version``."""
+    releases = tomllib.loads(KERNELS_RELEASES.read_text())["release"]
+    commits = [r["commit"] for r in releases if Version(r["version"]) == Version(version)]
+    if len(commits) != 1:
+        raise ValueError(f"{KERNELS_RELEASES.relative_to(ROOT)} must record tbl-kernels {version} once")
+    return commits[0]
+
+
+def _export_kernels(session: nox.Session, commit: str) -> Path:
+    """packages/tbl-kernels as it is at ``commit``, exported with git archive into the session's tmp dir."""
+    dest = Path(session.create_tmp()) / f"tbl-kernels-{commit[:12]}"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", commit, "packages/tbl-kernels"], cwd=ROOT, capture_output=True)
+    if archive.returncode != 0:
+        session.error(
+            f"cannot export tbl-kernels from commit {commit} (RELEASES.toml): {archive.stderr.decode().strip()}; "
+            "a shallow clone needs `git fetch --unshallow`"
+        )
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "packages" / "tbl-kernels"
 
 
 @nox.session(python="3.11")
@@ -89,25 +120,23 @@ def _kernels_in_tree_version() -> str:
 def kernels_matrix(session: nox.Session, kernels: str) -> None:
     """tbl-loader's tests against the oldest and the newest tbl-kernels its pin admits.
 
-    newest is the tree's tbl-kernels. oldest is the pin's MIN: the tree's own
-    sources when they are at MIN, otherwise the sources of the release tag
-    ``tbl-kernels-vMIN`` (exported with git archive, never a moving branch).
+    newest is the tree's tbl-kernels. oldest is the pin's MIN, built from the
+    commit that RELEASES.toml records for it (git archive; no tag, no branch).
     """
-    minimum, _ = _kernels_pin()
-    source = PKG / "tbl-kernels"
-    if kernels == "oldest" and _kernels_in_tree_version() != minimum:
-        tag = f"tbl-kernels-v{minimum}"
-        tmp = Path(session.create_tmp()) / tag
-        tmp.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", tag, "packages/tbl-kernels"], cwd=ROOT, capture_output=True)
-        if archive.returncode != 0:
-            session.error(f"cannot test the oldest supported kernels: git tag {tag} is missing")
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
-        source = tmp / "packages" / "tbl-kernels"
-    session.install(TORCH, *TEST_DEPS, "scikit-image")
+    if kernels == "oldest":
+        expected = _kernels_pin()
+        source = _export_kernels(session, _kernels_release_commit(expected))
+    else:
+        expected, source = _kernels_in_tree_version(), PKG / "tbl-kernels"
+    session.install(TORCH, *TEST_DEPS)
     session.install(str(source))
-    _install_packages(session, ["tbl-format", "tbl-loader"])
-    session.run("python", "-c", "import tbl_kernels, tbl_loader; print('tbl-kernels', tbl_kernels.__version__)")
+    # The loader's lz4 extra: its tests read LZ4-compressed columns.
+    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4]")
+    session.run(
+        "python", "-c",
+        "import sys, tbl_kernels, tbl_loader; v = tbl_kernels.__version__; print('tbl-kernels', v); "
+        f"sys.exit(0 if v == {expected!r} else f'expected tbl-kernels {expected}, got {{v}}')",
+    )
     _pytest(session, "packages/tbl-loader/tests")
 
 
