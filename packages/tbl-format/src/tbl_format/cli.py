@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 import time
-from importlib.metadata import entry_points
+from importlib.metadata import distributions, entry_points
 from typing import Any, TextIO
 
 from . import __version__
@@ -164,9 +164,27 @@ def _load_plugins(subparsers: Any) -> None:
             print(f"tbl: warning: subcommand plugin {ep.name!r} ({ep.value}) failed: {exc!r}", file=sys.stderr)
 
 
+def _installed_versions() -> str:
+    """One line per installed TBL distribution (name starting with "tbl-"), sorted: "NAME VERSION".
+
+    Read from the installed metadata, so it names exactly what pip installed;
+    tbl-format is always there (this module is part of it), even when run from
+    a source tree without metadata.
+    """
+    found = {"tbl-format": __version__}
+    for dist in distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("tbl-"):
+            found[name] = dist.version
+    return "\n".join(f"{name} {version}" for name, version in sorted(found.items()))
+
+
 def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tbl", description="Inspect, verify and (with plugins) convert .tbl datasets.")
-    parser.add_argument("--version", action="version", version=f"tbl-format {__version__}")
+    # Raw text: the --version lines stay one package per line.
+    parser = argparse.ArgumentParser(prog="tbl", description="Inspect, verify and (with plugins) convert .tbl datasets.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_installed_versions(),
+                        help="name every installed TBL package and its version, one per line, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("inspect", help="schema, rows, bytes per column, compression, metadata")
     p.add_argument("path")
