@@ -729,6 +729,33 @@ def _finish(rep: ConvertReport, t0: float, t_scan: float, report_path: Path | No
             rep.report_error = f"the report {report_path} could not be written: {e.strerror or e}"
 
 
+class _NoBar:
+    """The progress bar when there is none (progress off, or tqdm not installed): every call does nothing."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+
+def _progress_bar(total: int, progress: bool) -> Any:
+    """A tqdm bar on stderr when asked for and tqdm is installed (the `progress` extra), else a _NoBar."""
+    if not progress:
+        return _NoBar()
+    try:
+        from tqdm import tqdm  # optional: imported only when a bar is wanted
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="img", desc="convert", file=sys.stderr)
+
+
 def _convert_into(
     listing: Listing,
     names: list[str],
@@ -744,8 +771,6 @@ def _convert_into(
     progress: bool,
     rep: ConvertReport,
 ) -> None:
-    from tqdm import tqdm
-
     size = params[0]
     shape = (size, size, 3)
     results = _results_in_order(listing, names, locators, workers, max_bytes, params)
@@ -755,7 +780,7 @@ def _convert_into(
         tbl_format.Writer(
             dst, _schema(size), metadata=_metadata(listing, *params), shard_rows=shard_rows, overwrite=force
         ) as writer,
-        tqdm(total=len(names), unit="img", desc="convert", file=sys.stderr, disable=not progress) as bar,
+        _progress_bar(len(names), progress) as bar,
         closing(results),
     ):
         for i, (pixels, err) in enumerate(results):

@@ -118,9 +118,12 @@ def upload_rows(
         progress = total_bytes >= PROGRESS_MIN_BYTES
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=description)
+        try:
+            from tqdm import tqdm  # optional (the `progress` extra): without it the upload runs with no bar
+        except ImportError:
+            pass
+        else:
+            bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=description)
 
     start = time.perf_counter()
     chunks = 0
