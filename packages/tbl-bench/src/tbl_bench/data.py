@@ -1,7 +1,7 @@
 """Benchmark data: an ImageNet-layout TAR of real photographs, and pytree rows.
 
 Images are derived from the real photographs shipped inside scikit-image and
-scikit-learn (no download): each sample is a random crop of one photo, resized
+scikit-learn (no download; the `photos` extra installs both): each sample is a random crop of one photo, resized
 to a random size in the configured range, maybe mirrored, and JPEG re-encoded at
 a random quality. Decoding such files costs what decoding camera photos costs
 (natural image statistics, real chroma subsampling), unlike noise or flat
@@ -31,6 +31,7 @@ __all__ = [
     "SCALAR_ROWS",
     "SOURCE_PHOTOS",
     "ImageTarInfo",
+    "PhotosUnavailableError",
     "array_rows",
     "class_name",
     "load_source_photos",
@@ -61,6 +62,24 @@ class GeneratorError(ValueError):
     """Bad arguments to a data generator."""
 
 
+PHOTOS_INSTALL = "pip install 'tbl-bench[photos]'  (from a checkout: pip install './packages/tbl-bench[photos]')"
+
+
+class PhotosUnavailableError(ImportError):
+    """The source photographs' packages (scikit-image, scikit-learn: the `photos` extra) are not installed."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(f"the sample photos need {missing}, which is not installed; install the photos extra: "
+                         f"{PHOTOS_INSTALL}")
+        self.missing = missing
+
+
+def _require_photo_packages() -> None:
+    for module, dist in (("skimage", "scikit-image"), ("sklearn", "scikit-learn")):
+        if importlib.util.find_spec(module) is None:
+            raise PhotosUnavailableError(dist)
+
+
 def class_name(label: int) -> str:
     """ImageNet-style directory name of a class index."""
     return f"n{label:08d}"
@@ -76,7 +95,7 @@ def _sklearn_sample_image(name: str) -> np.ndarray:
 
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise GeneratorError("scikit-learn is not installed; its sample photos are part of the dataset")
+        raise PhotosUnavailableError("scikit-learn")
     path = Path(spec.submodule_search_locations[0]) / "datasets" / "images" / f"{name}.jpg"
     if not path.is_file():
         raise GeneratorError(f"scikit-learn sample image {path} is missing")
@@ -86,8 +105,12 @@ def _sklearn_sample_image(name: str) -> np.ndarray:
 
 @functools.cache
 def load_source_photos() -> tuple[np.ndarray, ...]:
-    """The source photographs as read-only (H, W, 3) uint8 arrays, in SOURCE_PHOTOS order (loaded once)."""
-    import skimage.data
+    """The source photographs as read-only (H, W, 3) uint8 arrays, in SOURCE_PHOTOS order (loaded once).
+
+    Raises PhotosUnavailableError, naming the pip command, without the `photos` extra.
+    """
+    _require_photo_packages()
+    import skimage.data  # optional (the `photos` extra), checked just above
 
     photos = []
     for module, name in SOURCE_PHOTOS:

@@ -5,8 +5,8 @@
 
 The photos are the benchmark data of `tbl_bench.data.make_image_tar`: random
 crops, resizes, flips and JPEG re-encodes of the photographs shipped inside
-scikit-image and scikit-learn (no download); the same arguments give the same
-bytes.
+scikit-image and scikit-learn (no download; `pip install 'tbl-bench[photos]'`
+installs them); the same arguments give the same bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .data import make_image_tar
+from .data import PhotosUnavailableError, make_image_tar
 
 __all__ = ["main"]
 
@@ -28,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: up to 8 usable cores)")
     args = p.parse_args(argv)
-    info = make_image_tar(args.dst, args.images, num_classes=args.classes, seed=args.seed, workers=args.workers)
+    try:
+        info = make_image_tar(args.dst, args.images, num_classes=args.classes, seed=args.seed, workers=args.workers)
+    except PhotosUnavailableError as e:  # one line naming the pip command, not a traceback
+        print(f"python -m tbl_bench.sample: {e}", file=sys.stderr)
+        return 2
     print(f"{info.path}: {info.count} JPEGs in {info.num_classes} classes, {info.bytes / 2**20:.1f} MiB")
     return 0
 
