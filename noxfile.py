@@ -140,10 +140,10 @@ def kernels_matrix(session: nox.Session, kernels: str) -> None:
         source = _export_kernels(session, _kernels_release_commit(expected))
     else:
         expected, source = _kernels_in_tree_version(), PKG / "tbl-kernels"
-    session.install(TORCH, *TEST_DEPS)
+    # scikit-image and the loader's extras: without them the conversion tests skip.
+    session.install(TORCH, *TEST_DEPS, "scikit-image")
     session.install(str(source))
-    # The loader's lz4 extra: its tests read LZ4-compressed columns.
-    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4]")
+    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress]")
     session.run(
         "python", "-c",
         "import sys, tbl_kernels, tbl_loader; v = tbl_kernels.__version__; print('tbl-kernels', v); "
