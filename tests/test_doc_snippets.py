@@ -438,3 +438,14 @@ def test_shell_parsing_and_refusals():
     assert shell_command_problems("x", ["python", "-m", "tbl_bench.demo_no_such_module"], None)
     assert _resolve("tbl_format.no_such_name")
     assert _resolve("tbl_format.open") is None
+
+
+def test_readme_test_command_is_what_ci_runs():
+    """The README's second setup command is exactly the nox line of .ci/run."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    ci_line = next(line for line in ci.splitlines() if line.startswith("python3 -m nox "))
+    ci_sessions = ci_line.split(" -s ", 1)[1].split()
+    readme = (ROOT / "README.md").read_text()
+    readme_line = next(line for line in readme.splitlines() if line.startswith("pip install nox && nox -s tests"))
+    readme_sessions = readme_line.split("&& nox -s ", 1)[1].split("#", 1)[0].split()
+    assert readme_sessions == ci_sessions
