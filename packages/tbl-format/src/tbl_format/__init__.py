@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .dataset import DEFAULT_MAX_OPEN, Dataset, open
-from .destination import check_destination
+from .destination import check_destination, foreign_shard
 from .errors import (
     BadMagicError,
     CompressionUnavailableError,
@@ -86,6 +86,7 @@ __all__ = [
     "__version__",
     "check_destination",
     "file_kind",
+    "foreign_shard",
     "infer_schema",
     "merge_manifests",
     "open",

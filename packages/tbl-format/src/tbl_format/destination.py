@@ -31,7 +31,7 @@ from .fsutil import file_kind
 from .layout import MAGIC, MANIFEST_NAME
 from .turboloader import TURBOLOADER_MAGIC
 
-__all__ = ["check_destination", "is_temp_name", "remove_owned_shards"]
+__all__ = ["check_destination", "foreign_shard", "is_temp_name", "remove_owned_shards"]
 
 
 def is_temp_name(name: str) -> bool:
@@ -89,7 +89,7 @@ def remove_owned_shards(directory: Path, names: list[str]) -> list[str]:
     try:
         for name in names:
             try:
-                removed = _remove_one(root, name.split("/"))
+                removed = _visit_owned(root, name.split("/"), unlink=True) is None
             except FileNotFoundError:
                 continue
             except OSError:
@@ -101,7 +101,23 @@ def remove_owned_shards(directory: Path, names: list[str]) -> list[str]:
     return kept
 
 
-def _remove_one(root: int, parts: list[str]) -> bool:
+def foreign_shard(directory: Path, name: str) -> str | None:
+    """Why ``directory`` does not itself hold ``name`` as a TBL file (the rule ``remove_owned_shards`` deletes
+    by), or None when it does or ``name`` is gone. Removes nothing."""
+    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _visit_owned(root, name.split("/"), unlink=False)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{directory / name}: a symlink or a non-folder on the way ({e.strerror or e})"
+    finally:
+        os.close(root)
+
+
+def _visit_owned(root: int, parts: list[str], *, unlink: bool) -> str | None:
+    """Walk to ``parts`` below the directory ``root`` without following links; None when the end is a regular
+    TBL file (then unlinked if ``unlink``), else why not. OSError for a link or non-folder on the way."""
     fds = []
     try:
         parent = root
@@ -110,9 +126,10 @@ def _remove_one(root: int, parts: list[str]) -> bool:
             parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
             fds.append(parent)
         name = parts[-1]
+        where = "/".join(parts)
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
-            return False
+            return f"{where} is {file_kind(st.st_mode)}"
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
         try:
             fst = os.fstat(fd)
@@ -120,11 +137,12 @@ def _remove_one(root: int, parts: list[str]) -> bool:
         finally:
             os.close(fd)
         if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(fst.st_mode):
-            return False
+            return f"{where} changed while it was checked"
         if head != MAGIC and head[:4] != TURBOLOADER_MAGIC:
-            return False
-        os.unlink(name, dir_fd=parent)
-        return True
+            return f"{where} does not start with TBL's magic"
+        if unlink:
+            os.unlink(name, dir_fd=parent)
+        return None
     finally:
         for fd in fds:
             os.close(fd)

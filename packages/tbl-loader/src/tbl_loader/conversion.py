@@ -496,32 +496,6 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _shard_is_own(directory: Path, name: str) -> str | None:
-    """Why the old shard ``name`` is not provably ``directory``'s own TBL file (None: it is, or it is gone)."""
-    where = directory
-    parts = name.split("/")
-    for part in parts[:-1]:
-        where = where / part
-        try:
-            st = os.lstat(where)
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{where} is {tbl_format.file_kind(st.st_mode)}"
-    where = where / parts[-1]
-    try:
-        st = os.lstat(where)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return f"{where} is {tbl_format.file_kind(st.st_mode)}"
-    try:
-        tbl_format.open(where).close()
-    except (tbl_format.FormatError, OSError, ValueError) as e:
-        return f"{where} is not a readable TBL file ({e})"
-    return None
-
-
 def _check_destination(dst: Path, *, sharded: bool, force: bool, inputs: Sequence[Path]) -> None:
     """Refuse a destination the conversion must not write (see the module docstring); DestinationError."""
     try:
@@ -568,7 +542,7 @@ def _check_destination(dst: Path, *, sharded: bool, force: bool, inputs: Sequenc
     except (tbl_format.FormatError, OSError, ValueError) as e:
         raise DestinationError(f"{dst} holds a manifest that does not open ({e}); it is not replaced") from e
     for entry in entries:
-        why = _shard_is_own(dst, entry["file"])
+        why = tbl_format.foreign_shard(dst, entry["file"])
         if why is not None:
             raise DestinationError(
                 f"{dst}: its dataset lists {entry['file']!r}, and {why}; --force replaces a dataset only "
