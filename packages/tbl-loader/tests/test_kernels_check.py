@@ -14,8 +14,12 @@ from packaging.version import Version
 import tbl_kernels
 from tbl_loader import _kernels
 
-PIN = _kernels.KernelsPin(minimum=(0, 1, 0), below=(0, 2))
-FIX = 'pip install "tbl-kernels>=0.1.0,<0.2" (from a TBL checkout: pip install ./packages/tbl-kernels)'
+PIN = _kernels.KernelsPin(minimum=(0, 1, 0), below=(0, 3))
+FIX = 'pip install "tbl-kernels>=0.1.0,<0.3" (from a TBL checkout: pip install ./packages/tbl-kernels)'
+
+
+def _abi(version):
+    return _kernels.KERNELS_ABIS[tuple(int(v) for v in version.split("+")[0].split("rc")[0].split(".")[:2])]
 
 
 def _fake(version, abi):
@@ -68,42 +72,74 @@ def test_parse_kernels_pin_refuses_other_forms(requirements):
 
 
 @pytest.mark.parametrize(
-    "version", ["0.0.9", "0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0rc1", "0.2.0", "0.10.0", "1.0.0"]
+    "version",
+    ["0.0.9", "0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0rc1", "0.2.0", "0.3.0", "0.10.0", "1.0.0"],
 )
 def test_admits_agrees_with_packaging(version):
     specifier = Requirement(PIN.requirement).specifier
     assert PIN.admits(version) == specifier.contains(Version(version), prereleases=True)
 
 
-@pytest.mark.parametrize("version", ["0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local"])
+def test_every_admitted_series_has_a_known_abi():
+    """The pin and KERNELS_ABIS move together: a series the pin admits without a known ABI would fail at import."""
+    pin = _kernels.KERNELS_PIN
+    series = [(0, minor) for minor in range(pin.minimum[1], pin.below[1])]
+    assert pin.minimum[0] == pin.below[0] == 0 and series
+    assert sorted(_kernels.KERNELS_ABIS) == series
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0", "0.2.5"])
 def test_versions_in_range_pass(version):
-    assert _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI), PIN).__version__ == version
+    assert _kernels.check_kernels(_fake(version, _abi(version)), PIN).__version__ == version
 
 
-@pytest.mark.parametrize("version", ["0.0.9", "0.2.0", "0.3.0", "1.0.0", "garbage", None])
+@pytest.mark.parametrize("version", ["0.0.9", "0.3.0", "1.0.0", "garbage", None])
 def test_versions_out_of_range_name_versions_and_the_fix(version):
     with pytest.raises(ImportError) as info:
-        _kernels.check_kernels(_fake(version, _kernels.KERNELS_ABI), PIN)
+        _kernels.check_kernels(_fake(version, 3), PIN)
     assert str(info.value) == (
-        f"tbl-loader needs tbl-kernels>=0.1.0,<0.2 but tbl-kernels {version} is installed; fix it with: {FIX}"
+        f"tbl-loader needs tbl-kernels>=0.1.0,<0.3 but tbl-kernels {version} is installed; fix it with: {FIX}"
     )
 
 
-def test_abi_mismatch_names_both_abis_and_the_fix():
-    ours, other = _kernels.KERNELS_ABI, _kernels.KERNELS_ABI + 1
+@pytest.mark.parametrize(("version", "ours", "other"), [("0.1.0", 2, 3), ("0.2.0", 3, 2), ("0.2.1", 3, 4)])
+def test_abi_mismatch_names_both_abis_and_the_fix(version, ours, other):
     with pytest.raises(ImportError) as info:
-        _kernels.check_kernels(_fake("0.1.0", other), PIN)
+        _kernels.check_kernels(_fake(version, other), PIN)
     assert str(info.value) == (
-        f"tbl-loader was built for tbl-kernels ABI {ours} but the installed tbl-kernels 0.1.0 has ABI {other}; "
+        f"tbl-loader expects tbl-kernels {version} to have binding ABI {ours} but it has ABI {other}; "
         f"fix it with: {FIX}"
     )
+
+
+def test_per_sample_kernels_name_the_upgrade_on_old_kernels():
+    assert _kernels.per_sample_kernels(_fake("0.2.0", 3)).__version__ == "0.2.0"
+    with pytest.raises(_kernels.KernelsFeatureError) as info:
+        _kernels.per_sample_kernels(_fake("0.1.0", 2))
+    assert str(info.value) == (
+        "variable-size images need tbl-kernels 0.2 or newer (crop_resize_images) but tbl-kernels 0.1.0 is "
+        'installed; fix it with: pip install "tbl-kernels>=0.2.0,<0.3" (from a TBL checkout: '
+        "pip install ./packages/tbl-kernels)"
+    )
+    assert isinstance(info.value, ImportError)
+
+
+def test_the_installed_kernels_have_what_their_abi_promises():
+    """Run in both legs of the kernels matrix: 0.1 (ABI 2) lacks crop_resize_images, 0.2 (ABI 3) has it."""
+    has = hasattr(tbl_kernels, "crop_resize_images")
+    assert has == (tbl_kernels.KERNELS_ABI >= 3)
+    if has:
+        assert _kernels.per_sample_kernels() is tbl_kernels
+    else:
+        with pytest.raises(_kernels.KernelsFeatureError):
+            _kernels.per_sample_kernels()
 
 
 @pytest.mark.parametrize(
     ("version", "abi", "expected"),
     [
-        ("0.3.0", _kernels.KERNELS_ABI, "but tbl-kernels 0.3.0 is installed; fix it with: "),
-        ("0.1.0", 99, "but the installed tbl-kernels 0.1.0 has ABI 99; fix it with: "),
+        ("0.3.0", 3, "but tbl-kernels 0.3.0 is installed; fix it with: "),
+        ("0.1.0", 99, "to have binding ABI 2 but it has ABI 99; fix it with: "),
     ],
 )
 def test_importing_the_loader_with_other_kernels_fails_with_the_fix(tmp_path, version, abi, expected):

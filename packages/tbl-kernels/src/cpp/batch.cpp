@@ -274,9 +274,9 @@ Sources image_sources(const std::vector<InArray>& sources) {
 }
 
 // Element size of out (4 or 2 through the table, 1 for uint8), after checking it.
-int check_image_dtype(const ImageBatch& batch, int64_t C) {
-    if (batch.table) return check_table(*batch.table, batch.out, C);
-    check_u8_out(batch.out);
+int check_image_dtype(const InArray* table, const OutArray& out, int64_t C) {
+    if (table) return check_table(*table, out, C);
+    check_u8_out(out);
     return 1;
 }
 
@@ -312,6 +312,88 @@ struct ResampleBuffers {
     std::vector<uint8_t> vpass, transposed, result, image;
     std::vector<int32_t> acc;
 };
+
+// ---------------------------------------------------------------- crop-resize
+
+// Sample b of a crop-resize call: an H x W x C image at `data`, rows packed.
+struct CropSource {
+    const uint8_t* data;
+    int64_t H, W;
+};
+
+struct CropOutput {
+    bool chw;
+    int64_t OH, OW;
+};
+
+// out's geometry and the boxes' shape for a batch of B crops of C-channel images.
+CropOutput check_crop_output(const OutArray& out, bool chw, int64_t C, const Boxes& boxes, int64_t B) {
+    int64_t OH = 0, OW = 0;
+    std::tie(OH, OW) = check_image_out(out, chw, C);
+    if (OH < 1 || OW < 1 || OH > (1 << 24) || OW > (1 << 24))
+        throw ValueError("out has shape " + shape_of(out) + ": output height and width must be >= 1");
+    if (boxes.rows != B || boxes.cols != 4)
+        throw ValueError("boxes has shape " + shape_of(boxes) + "; expected (" + std::to_string(B) +
+                         ", 4) as (top, left, height, width)");
+    return {chw, OH, OW};
+}
+
+// Every box non-empty and inside its own sample's image.
+void check_boxes(const Boxes& boxes, const std::vector<CropSource>& src) {
+    const int32_t* bx = boxes.data;
+    for (size_t b = 0; b < src.size(); ++b) {
+        const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
+        const std::string desc = "boxes[" + std::to_string(b) + "] = (" + std::to_string(t) + ", " +
+                                 std::to_string(l) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")";
+        if (h < 1 || w < 1) throw ValueError(desc + " is empty: height and width must be >= 1");
+        if (t < 0 || l < 0 || t + h > src[b].H || l + w > src[b].W)
+            throw IndexError(desc + " (top, left, height, width) is not inside the " + std::to_string(src[b].H) +
+                             "x" + std::to_string(src[b].W) + " source image");
+    }
+}
+
+// The checked batch: crop boxes[b] out of src[b], resize it to (OH, OW), write it through luts.
+void run_crop_resize(const std::vector<CropSource>& src, int64_t C, const Boxes& boxes, const OutArray& out,
+                     const CropOutput& o, const uint8_t* fl, const OutputLuts& luts) {
+    const IsaKernels& K = luts.K;
+    const int64_t n = sample_elems(out), OH = o.OH, OW = o.OW;
+    const int elem = luts.elem;
+    const bool chw = o.chw;
+    const int32_t* bx = boxes.data;
+    auto* dst = static_cast<uint8_t*>(out.data);
+    parallel_for(static_cast<int64_t>(src.size()), 1, [&](int64_t b0, int64_t b1) {
+        thread_local ResampleBuffers buf;
+        thread_local AxisWeightsCache weights;
+        for (int64_t b = b0; b < b1; ++b) {
+            const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
+            const int64_t W = src[b].W;
+            const uint8_t* box = src[b].data + (t * W + l) * C;
+            WriteSpec s;
+            s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = fl && fl[b];
+            const uint8_t* img = box;  // the resized HWC image handed to the writer
+            if (h == OH && w == OW) {
+                // Both axes are identities under the rule (one tap of 2**14): read the box in place.
+                s.row_stride = W * C;
+            } else {
+                const auto [wv, wh] = weights.get(h, OH, w, OW);
+                // Padding: transpose_pixels reads past the end of its source.
+                buf.vpass.resize(OH * w * C + kTransposePad);
+                buf.transposed.resize(OH * w * C);
+                buf.result.resize(OW * OH * C + kTransposePad);
+                buf.image.resize(OW * OH * C);
+                buf.acc.resize(std::max(w, OH) * C);
+                // Vertical pass over the box columns; transpose so that the horizontal
+                // pass is the same contiguous row operation; transpose back.
+                K.resample_rows(box, W * C, *wv, w * C, buf.vpass.data(), buf.acc.data());
+                K.transpose_pixels(buf.vpass.data(), OH, w, C, buf.transposed.data());
+                K.resample_rows(buf.transposed.data(), OH * C, *wh, OH * C, buf.result.data(), buf.acc.data());
+                K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
+                img = buf.image.data();
+            }
+            luts.write(img, s, dst + b * n * elem);
+        }
+    });
+}
 
 // ---------------------------------------------------------------- rows
 
@@ -397,7 +479,7 @@ void gather_images(const ImageBatch& batch) {
     if (oh != H || ow != W)
         throw ValueError("out has shape " + shape_of(out) + " but the source images are " + std::to_string(H) + "x" +
                          std::to_string(W) + "x" + std::to_string(C));
-    const int elem = check_image_dtype(batch, C);
+    const int elem = check_image_dtype(batch.table, out, C);
     const uint8_t* fl = check_flip(batch.flip, batch.indices.size);
     check_no_overlap(S, out);
     const std::vector<const uint8_t*> ptrs = resolve(S, batch.indices);
@@ -419,67 +501,54 @@ void gather_crop_resize(const ImageBatch& batch, const Boxes& boxes) {
     const bool chw = parse_layout(batch.layout);
     const Sources S = image_sources(batch.sources);
     const int64_t H = S.sample_shape[0], W = S.sample_shape[1], C = S.sample_shape[2];
-    const OutArray& out = batch.out;
-    check_batch(batch.indices, out);
-    const int64_t B = batch.indices.size;
-    // Plain variables, not structured bindings: the batch lambda captures them (C++17).
-    int64_t OH = 0, OW = 0;
-    std::tie(OH, OW) = check_image_out(out, chw, C);
-    if (OH < 1 || OW < 1 || OH > (1 << 24) || OW > (1 << 24))
-        throw ValueError("out has shape " + shape_of(out) + ": output height and width must be >= 1");
-    if (boxes.rows != B || boxes.cols != 4)
-        throw ValueError("boxes has shape " + shape_of(boxes) + "; expected (" + std::to_string(B) +
-                         ", 4) as (top, left, height, width)");
-    const int elem = check_image_dtype(batch, C);
-    const uint8_t* fl = check_flip(batch.flip, B);
-    const int32_t* bx = boxes.data;
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
-        const std::string desc = "boxes[" + std::to_string(b) + "] = (" + std::to_string(t) + ", " +
-                                 std::to_string(l) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")";
-        if (h < 1 || w < 1) throw ValueError(desc + " is empty: height and width must be >= 1");
-        if (t < 0 || l < 0 || t + h > H || l + w > W)
-            throw IndexError(desc + " (top, left, height, width) is not inside the " + std::to_string(H) + "x" +
-                             std::to_string(W) + " source image");
-    }
-    check_no_overlap(S, out);
+    check_batch(batch.indices, batch.out);
+    const CropOutput o = check_crop_output(batch.out, chw, C, boxes, batch.indices.size);
+    const int elem = check_image_dtype(batch.table, batch.out, C);
+    const uint8_t* fl = check_flip(batch.flip, batch.indices.size);
+    std::vector<CropSource> src(batch.indices.size, CropSource{nullptr, H, W});
+    check_boxes(boxes, src);
+    check_no_overlap(S, batch.out);
     const std::vector<const uint8_t*> ptrs = resolve(S, batch.indices);
+    for (size_t b = 0; b < src.size(); ++b) src[b].data = ptrs[b];
+    const OutputLuts luts(active_kernels(), batch.table, elem, C, batch.affine_hint);
+    run_crop_resize(src, C, boxes, batch.out, o, fl, luts);
+}
 
-    const IsaKernels& K = active_kernels();
-    const int64_t n = sample_elems(out);
-    auto* dst = static_cast<uint8_t*>(out.data);
-    const OutputLuts luts(K, batch.table, elem, C, batch.affine_hint);
-    parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
-        thread_local ResampleBuffers buf;
-        thread_local AxisWeightsCache weights;
-        for (int64_t b = b0; b < b1; ++b) {
-            const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
-            const uint8_t* box = ptrs[b] + (t * W + l) * C;
-            WriteSpec s;
-            s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = fl && fl[b];
-            const uint8_t* img = box;  // the resized HWC image handed to the writer
-            if (h == OH && w == OW) {
-                // Both axes are identities under the rule (one tap of 2**14): read the box in place.
-                s.row_stride = W * C;
-            } else {
-                const auto [wv, wh] = weights.get(h, OH, w, OW);
-                // Padding: transpose_pixels reads past the end of its source.
-                buf.vpass.resize(OH * w * C + kTransposePad);
-                buf.transposed.resize(OH * w * C);
-                buf.result.resize(OW * OH * C + kTransposePad);
-                buf.image.resize(OW * OH * C);
-                buf.acc.resize(std::max(w, OH) * C);
-                // Vertical pass over the box columns; transpose so that the horizontal
-                // pass is the same contiguous row operation; transpose back.
-                K.resample_rows(box, W * C, *wv, w * C, buf.vpass.data(), buf.acc.data());
-                K.transpose_pixels(buf.vpass.data(), OH, w, C, buf.transposed.data());
-                K.resample_rows(buf.transposed.data(), OH * C, *wh, OH * C, buf.result.data(), buf.acc.data());
-                K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
-                img = buf.image.data();
-            }
-            luts.write(img, s, dst + b * n * elem);
-        }
-    });
+void crop_resize_images(const SampleImagesBatch& batch, const Boxes& boxes) {
+    const bool chw = parse_layout(batch.layout);
+    const OutArray& out = batch.out;
+    const int64_t B = static_cast<int64_t>(batch.images.size());
+    if (out.ndim == 0 || out.shape[0] != B)
+        throw ValueError("out has shape " + shape_of(out) + " but images has " + std::to_string(B) +
+                         " entries: out's first dimension must equal len(images)");
+    // Channels: the images' (all equal); with no image, whatever out says.
+    int64_t C = out.ndim == 4 ? (chw ? out.shape[1] : out.shape[3]) : 3;
+    std::vector<CropSource> src(B);
+    for (int64_t b = 0; b < B; ++b) {
+        const InArray& a = batch.images[b];
+        const std::string name = "images[" + std::to_string(b) + "]";
+        if (a.ndim != 3)
+            throw ValueError(name + " has shape " + shape_of(a) + "; expected (H, W, C) uint8 with C in {1, 3}");
+        if (!is(a.dtype, DTypeCode::UInt, 8)) throw TypeError(name + " has dtype " + dtype_name(a.dtype) + "; expected uint8");
+        if (b == 0) C = a.shape[2];
+        if (a.shape[2] != C)
+            throw ValueError(name + " has shape " + shape_of(a) + " but images[0] has " + std::to_string(C) +
+                             " channels: every image must have the same channel count");
+        src[b] = CropSource{static_cast<const uint8_t*>(a.data), a.shape[0], a.shape[1]};
+    }
+    if (C != 1 && C != 3) throw ValueError("images have " + std::to_string(C) + " channels; expected 1 or 3");
+    const CropOutput o = check_crop_output(out, chw, C, boxes, B);
+    const int elem = check_image_dtype(batch.table, out, C);
+    const uint8_t* fl = check_flip(batch.flip, B);
+    check_boxes(boxes, src);
+    const auto lo = reinterpret_cast<uintptr_t>(out.data), hi = lo + out.nbytes;
+    for (int64_t b = 0; b < B; ++b) {
+        const auto p = reinterpret_cast<uintptr_t>(src[b].data);
+        if (lo < p + batch.images[b].nbytes && p < hi)
+            throw ValueError("out overlaps images[" + std::to_string(b) + "] in memory");
+    }
+    const OutputLuts luts(active_kernels(), batch.table, elem, C, batch.affine_hint);
+    run_crop_resize(src, C, boxes, out, o, fl, luts);
 }
 
 void gather_columns(const std::vector<std::vector<InArray>>& columns, const Indices& indices,

@@ -65,12 +65,28 @@ struct ImageBatch {
     const std::vector<double>* affine_hint = nullptr;
 };
 
+// One crop-resize call over images of their own sizes: images[b] ((H_b, W_b, C)
+// uint8, C in {1, 3}, the same for all) is sample b. Output, table, flip, layout
+// and hint as in ImageBatch.
+struct SampleImagesBatch {
+    std::vector<InArray> images;
+    OutArray out;
+    const InArray* table = nullptr;
+    const InArray* flip = nullptr;
+    std::string layout;
+    const std::vector<double>* affine_hint = nullptr;
+};
+
 // Same-size gather (out's height and width are the sources').
 void gather_images(const ImageBatch& batch);
 
 // Crop boxes[b] out of sample indices[b] and resize it to out's height and width
 // (the rule is in README.md, "Crop-resize rule").
 void gather_crop_resize(const ImageBatch& batch, const Boxes& boxes);
+
+// Crop boxes[b] out of images[b] (inside its own height and width) and resize it
+// to out's height and width, by the same rule as gather_crop_resize.
+void crop_resize_images(const SampleImagesBatch& batch, const Boxes& boxes);
 
 // outs[l][b] = row indices[b] of the concatenated segments columns[l] (uint8
 // (N_k, rowbytes_l)); every column is split into segments of the same row counts.

@@ -27,7 +27,7 @@ namespace nb = nanobind;
 namespace tbl {
 namespace {
 
-constexpr int kAbi = 2;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any binding change
+constexpr int kAbi = 3;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any binding change
 
 using SrcNd = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 using IndexNd = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -110,6 +110,21 @@ void gather_crop_resize_nd(const std::vector<SrcNd>& sources, const IndexNd& ind
     gather_crop_resize(image_batch(sources, indices, out, ptr(tab), ptr(fl), layout, hint), bx);
 }
 
+void crop_resize_images_nd(const std::vector<SrcNd>& images, const BoxNd& boxes, OutNd out,
+                           const std::optional<TableNd>& table, const std::optional<FlipNd>& flip,
+                           const std::string& layout, const Hint& hint) {
+    const std::optional<InArray> tab = optional_ref(table), fl = optional_ref(flip);
+    SampleImagesBatch batch;
+    fill_in_arrays(images, batch.images);
+    batch.out = array_ref<void>(out);
+    batch.table = ptr(tab);
+    batch.flip = ptr(fl);
+    batch.layout = layout;
+    batch.affine_hint = hint ? &*hint : nullptr;
+    const Boxes bx{boxes.data(), static_cast<int64_t>(boxes.shape(0)), static_cast<int64_t>(boxes.shape(1))};
+    crop_resize_images(batch, bx);
+}
+
 // The row gathers are called per batch of small rows, where a few allocations per
 // call are measurable: their array descriptions live in per-thread buffers that
 // keep their capacity from call to call.
@@ -169,6 +184,9 @@ NB_MODULE(_core, m) {
     m.def("gather_crop_resize", &gather_crop_resize_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("boxes").noconvert(), arg("out").noconvert(), arg("table").noconvert().none(),
           arg("flip").noconvert().none(), arg("layout"), arg("affine_hint").none() = nb::none(), Release());
+    m.def("crop_resize_images", &crop_resize_images_nd, arg("images").noconvert(), arg("boxes").noconvert(),
+          arg("out").noconvert(), arg("table").noconvert().none(), arg("flip").noconvert().none(), arg("layout"),
+          arg("affine_hint").none() = nb::none(), Release());
     m.def("gather_rows", &gather_rows_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("out").noconvert(), Release());
     m.def("gather_columns", &gather_columns_nd, arg("columns").noconvert(), arg("indices").noconvert(),

@@ -17,13 +17,14 @@ import numpy as np
 from . import _core, reference
 from .tables import NormalizationTable, normalization_table
 
-__version__ = "0.1.0"
-KERNELS_ABI = 2  # bumped on any binding change; the compiled module must agree
+__version__ = "0.2.0"
+KERNELS_ABI = 3  # bumped on any binding change; the compiled module must agree
 
 __all__ = [
     "KERNELS_ABI",
     "NormalizationTable",
     "__version__",
+    "crop_resize_images",
     "gather_columns",
     "gather_crop_resize",
     "gather_normalize",
@@ -112,6 +113,12 @@ def _check_indices(indices: Any) -> None:
         raise TypeError(
             f"indices must be a 1-D int64 array, got dtype {indices.dtype} and shape {indices.shape}"
         )
+
+
+def _check_boxes(boxes: Any) -> None:
+    _check_array("boxes", boxes)
+    if isinstance(boxes, np.ndarray) and (boxes.dtype != np.int32 or boxes.ndim != 2):
+        raise TypeError(f"boxes must be a 2-D int32 array (B, 4), got dtype {boxes.dtype} and shape {boxes.shape}")
 
 
 def _call(kernel: Any, args: tuple[Any, ...], explain: Any) -> None:
@@ -220,16 +227,42 @@ def gather_crop_resize(
     def explain() -> None:
         _check_sources(sources)
         _check_indices(indices)
-        _check_array("boxes", boxes)
-        if isinstance(boxes, np.ndarray) and (boxes.dtype != np.int32 or boxes.ndim != 2):
-            raise TypeError(
-                f"boxes must be a 2-D int32 array (B, 4), got dtype {boxes.dtype} and shape {boxes.shape}"
-            )
+        _check_boxes(boxes)
         _check_out(out)
 
     layout = _layout(layout, out, _channels(sources))
     args = (sources, indices, boxes, out, table, flip, layout, _affine_hint(table))
     _call(_core.gather_crop_resize, args, explain)
+
+
+def crop_resize_images(
+    images: Sequence[Any],
+    boxes: Any,
+    out: Any,
+    table: Any = None,
+    flip: Any = None,
+    layout: str | None = None,
+) -> None:
+    """``gather_crop_resize`` over images of their own sizes: crop ``boxes[b]`` out of ``images[b]``.
+
+    ``images``: list of B C-contiguous uint8 arrays ``(H_b, W_b, C)``, C in {1, 3}
+    and the same for all, one per output sample (views into a file's heap are
+    what it is made for: nothing is copied). ``boxes``: int32 ``(B, 4)`` rows of
+    ``(top, left, height, width)`` inside each image's own ``H_b x W_b``. ``out``,
+    ``table``, ``flip`` and ``layout`` as in ``gather_crop_resize``, and the same
+    resampling rule, so a batch of equal-size images gives the same bits as
+    ``gather_crop_resize``. New in 0.2.0 (``KERNELS_ABI`` 3).
+    """
+    _check_list("images", images, "uint8 arrays")
+
+    def explain() -> None:
+        _check_sources(images, "images")
+        _check_boxes(boxes)
+        _check_out(out)
+
+    channels = int(images[0].shape[-1]) if images and len(images[0].shape) == 3 else None
+    layout = _layout(layout, out, channels)
+    _call(_core.crop_resize_images, (images, boxes, out, table, flip, layout, _affine_hint(table)), explain)
 
 
 def gather_rows(sources: Sequence[Any], indices: Any, out: Any) -> None:

@@ -15,6 +15,7 @@ from .tables import normalization_table
 
 __all__ = [
     "PRECISION_BITS",
+    "crop_resize_images",
     "crop_resize_u8",
     "gather_columns",
     "gather_crop_resize",
@@ -172,4 +173,16 @@ def gather_crop_resize(sources, indices, boxes, out, table=None, flip=None, layo
     resized = np.empty((len(images), oh, ow, channels), dtype=np.uint8)
     for b in range(len(images)):
         resized[b] = crop_resize_u8(images[b], boxes[b], oh, ow)
+    return _finish(resized, out, table, flip, layout)
+
+
+def crop_resize_images(images, boxes, out, table=None, flip=None, layout=None) -> np.ndarray:
+    """``gather_crop_resize`` over a list of HWC uint8 images of their own sizes, one per output sample."""
+    channels = images[0].shape[-1] if len(images) else (out.shape[1] if layout != "HWC" else out.shape[3])
+    layout = _layout_of(out, channels, layout)
+    oh, ow = (out.shape[2], out.shape[3]) if layout == "CHW" else (out.shape[1], out.shape[2])
+    boxes = np.asarray(boxes)
+    resized = np.empty((len(images), oh, ow, channels), dtype=np.uint8)
+    for b, image in enumerate(images):
+        resized[b] = crop_resize_u8(image, boxes[b], oh, ow)
     return _finish(resized, out, table, flip, layout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import order
+from ._kernels import KernelsFeatureError
 from .conversion import (
     ConvertReport,
     DestinationError,
@@ -41,6 +42,7 @@ __all__ = [
     "ImageDecodeError",
     "ImageLoader",
     "ImageSpec",
+    "KernelsFeatureError",
     "LAYOUTS",
     "LoaderClosedError",
     "Masked",

@@ -1,10 +1,15 @@
 """The compiled kernels this loader was built against, checked at import.
 
-The loader pins ``tbl-kernels`` to one minor series and to one binding ABI
-(``KERNELS_ABI``). The pin has one home: the dependency in tbl-loader's
-pyproject.toml, read here from the installed package metadata. A mismatch fails
-at import with the installed and required versions and the pip command that
-fixes it, instead of failing later inside a kernel call.
+The loader pins ``tbl-kernels`` to a range of minor series and knows the binding
+ABI of each (``KERNELS_ABIS``). The pin has one home: the dependency in
+tbl-loader's pyproject.toml, read here from the installed package metadata. A
+mismatch fails at import with the installed and required versions and the pip
+command that fixes it, instead of failing later inside a kernel call.
+
+Every series the pin admits serves everything that series' bindings can: the
+fixed-size paths run on all of them. A feature that needs a newer binding asks
+for it (``per_sample_kernels``) and raises ``KernelsFeatureError`` naming the
+pip command on older kernels; it never falls back to other code.
 """
 
 from __future__ import annotations
@@ -14,10 +19,23 @@ import re
 from dataclasses import dataclass
 from types import ModuleType
 
-__all__ = ["KERNELS_ABI", "KERNELS_PIN", "KernelsPin", "check_kernels", "kernels", "parse_kernels_pin"]
+__all__ = [
+    "KERNELS_ABIS",
+    "KERNELS_PIN",
+    "KernelsFeatureError",
+    "KernelsPin",
+    "check_kernels",
+    "kernels",
+    "parse_kernels_pin",
+    "per_sample_kernels",
+]
 
-KERNELS_ABI = 2
-"""The binding ABI this loader calls (tbl_kernels.KERNELS_ABI must equal it)."""
+KERNELS_ABIS = {(0, 1): 2, (0, 2): 3}
+"""The binding ABI of each tbl-kernels minor series this loader calls: 0.1 has ABI 2, 0.2 adds
+``crop_resize_images`` (ABI 3). Every series the pin admits must be listed (a test checks it)."""
+
+PER_SAMPLE_ABI = 3
+"""The first ABI with ``crop_resize_images`` (one image of its own size per sample)."""
 
 CHECKOUT_COMMAND = "pip install ./packages/tbl-kernels"
 """The same fix from a TBL source checkout, where the kernels are built from the tree."""
@@ -100,12 +118,32 @@ def check_kernels(module: ModuleType, pin: KernelsPin = KERNELS_PIN) -> ModuleTy
         raise ImportError(
             f"tbl-loader needs {pin.requirement} but tbl-kernels {version} is installed; fix it with: {pin.fix}"
         )
-    if abi != KERNELS_ABI:
+    expected = KERNELS_ABIS.get(_release(version)[:2])
+    if abi != expected:
         raise ImportError(
-            f"tbl-loader was built for tbl-kernels ABI {KERNELS_ABI} but the installed tbl-kernels {version} "
-            f"has ABI {abi}; fix it with: {pin.fix}"
+            f"tbl-loader expects tbl-kernels {version} to have binding ABI {expected} but it has ABI {abi}; "
+            f"fix it with: {pin.fix}"
         )
     return module
+
+
+class KernelsFeatureError(ImportError):
+    """The installed tbl-kernels is one the pin admits, but too old for the feature asked for."""
+
+
+def per_sample_kernels(module: ModuleType | None = None) -> ModuleType:
+    """The kernels, if they have ``crop_resize_images`` (tbl-kernels 0.2, ABI 3); else KernelsFeatureError.
+
+    Variable-size image datasets need it: one image of its own size per sample.
+    """
+    module = kernels if module is None else module
+    if getattr(module, "KERNELS_ABI", 0) >= PER_SAMPLE_ABI:
+        return module
+    need = KernelsPin(minimum=(0, 2, 0), below=KERNELS_PIN.below)
+    raise KernelsFeatureError(
+        f"variable-size images need tbl-kernels 0.2 or newer (crop_resize_images) but tbl-kernels "
+        f"{getattr(module, '__version__', None)} is installed; fix it with: {need.fix}"
+    )
 
 
 def _load() -> ModuleType:
