@@ -114,8 +114,8 @@ def test_evaluation_transform_is_exact(raw_path, var_images):
 def test_resized_center_crop_boxes_rule():
     # shorter side 100 resized to 50: a 40-pixel crop covers 80 source pixels, centred
     assert resized_center_crop_boxes([100], [150], 50, 40, 40).tolist() == [[10, 35, 80, 80]]
-    # 7 * 33 / 20 = 11.55 -> 12; never more than the side
-    assert resized_center_crop_boxes([33], [40], 20, 7, 20).tolist() == [[10, 3, 12, 33]]
+    # 7 * 33 / 20 = 11.55 -> 12; never more than the side; offsets round half to even as torchvision
+    assert resized_center_crop_boxes([33], [40], 20, 7, 20).tolist() == [[10, 4, 12, 33]]  # 10.5 -> 10, 3.5 -> 4
     with pytest.raises(ValueError, match="resize goes with center_crop"):
         ImageLoader.__init__  # noqa: B018 (the spec check runs before any file is opened)
         from tbl_loader import ImageSpec

@@ -44,7 +44,8 @@ def resized_center_crop_boxes(height, width, resize: int, crop_h: int, crop_w: i
     so the output's ``crop_h x crop_w`` centre covers ``crop_h * S / resize`` by
     ``crop_w * S / resize`` source pixels. The box is that size rounded to the
     nearest pixel (half up, integer arithmetic: ``(2 * crop * S + resize) // (2 * resize)``,
-    at least 1, at most the side), centred with ``top = (height - box_h) // 2``.
+    at least 1, at most the side), centred as torchvision's CenterCrop centres:
+    ``top = round((height - box_h) / 2)``, half to even.
     The one crop-resize of this box differs from resizing the whole image and
     then cropping by the sub-pixel rounding of the box (see the README).
     """
@@ -55,7 +56,9 @@ def resized_center_crop_boxes(height, width, resize: int, crop_h: int, crop_w: i
     short = np.minimum(h, w)
     bh = np.clip((2 * crop_h * short + resize) // (2 * resize), 1, h)
     bw = np.clip((2 * crop_w * short + resize) // (2 * resize), 1, w)
-    return np.stack([(h - bh) // 2, (w - bw) // 2, bh, bw], axis=1).astype(np.int32)
+    top = np.rint((h - bh) / 2.0).astype(np.int64)  # torchvision's CenterCrop offset (round half to even)
+    left = np.rint((w - bw) / 2.0).astype(np.int64)
+    return np.stack([top, left, bh, bw], axis=1).astype(np.int32)
 
 
 def _size_pair(name: str, size: Any) -> tuple[int, int]:
