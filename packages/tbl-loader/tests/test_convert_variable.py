@@ -166,3 +166,47 @@ def test_cli_inspect_and_verify(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "tbl_format.cli", "verify", str(tmp_path / "bad.tbl")],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "bad.tbl" in bad.stdout + bad.stderr
+
+
+def _pillow_tolerates_decoder_refuses() -> bytes:
+    """A JPEG with damaged entropy data that Pillow loads (libjpeg only warns) and strict decoding refuses."""
+    import simplejpeg
+
+    data = jpeg_set(1, seed=3, lo=100, hi=120)[0]
+    for pos in range(len(data) // 2, len(data) - 10, 37):
+        bad = bytearray(data)
+        bad[pos] ^= 0x55
+        try:
+            with Image.open(io.BytesIO(bytes(bad))) as img:
+                img.load()
+        except Exception:
+            continue
+        try:
+            simplejpeg.decode_jpeg(bytes(bad), "RGB", strict=True)
+        except ValueError:
+            return bytes(bad)
+    pytest.fail("no damaged JPEG that Pillow loads and the decoder refuses")
+
+
+def test_jpeg_the_serve_decoder_refuses_is_a_bad_image(tmp_path: Path) -> None:
+    pytest.importorskip("simplejpeg")
+    files = {"a/good.jpg": jpeg_set(1, seed=1, lo=20, hi=N)[0], "a/damaged.jpg": _pillow_tolerates_decoder_refuses()}
+    src = write_tree(tmp_path / "src", files)
+    with pytest.raises(ImageDecodeError, match="damaged.jpg"):
+        convert(src, tmp_path / "x.tbl", max_size=1000, store="jpeg", workers=1, progress=False)
+    rep = convert(src, tmp_path / "y.tbl", max_size=1000, store="jpeg", workers=1, progress=False, on_error="skip")
+    assert rep.written == 1 and [e.name for e in rep.errors] == ["a/damaged.jpg"]
+
+
+def test_jpeg_store_without_the_decoder_names_the_pip_command(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    from tbl_loader import JpegDecoderUnavailableError
+
+    src = write_tree(tmp_path / "src", {"a/x.jpg": jpeg_set(1)[0]})
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)
+    with pytest.raises(JpegDecoderUnavailableError, match=r"tbl-loader\[jpeg\]"):
+        convert(src, tmp_path / "x.tbl", max_size=N, store="jpeg", progress=False)
+    assert not (tmp_path / "x.tbl").exists()
+    rep = convert(src, tmp_path / "r.tbl", max_size=N, store="raw", workers=1, progress=False)  # raw needs no decoder
+    assert rep.written == 1

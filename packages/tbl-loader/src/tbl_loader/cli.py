@@ -204,7 +204,8 @@ def _run(args: argparse.Namespace) -> int:
     except (ImageDecodeError, WorkerCrashError) as e:
         _error(f"error: {_one_line(e)}; nothing was published at {dst}")
         return EXIT_FAILED
-    except (SourceError, DestinationError, ValueError) as e:  # refused up front; ValueError: bad option values
+    except (SourceError, DestinationError, ValueError, ImportError) as e:  # refused up front; ValueError: bad option
+        # values; ImportError: an optional piece the options need (the jpeg extra), named with its pip command
         _error(f"error: {_one_line(e)}; nothing was written")
         return EXIT_REFUSED
     except OSError as e:  # a full disk, no permission, an I/O error while writing

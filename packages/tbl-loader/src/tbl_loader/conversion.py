@@ -112,7 +112,7 @@ from PIL import features
 import tbl_format
 
 from .decode import ALPHA_BACKGROUND, PillowConfigError, check_params, check_strict, preprocess_image
-from .jpeg_decode import serve_decoder_metadata
+from .jpeg_decode import decoder_info
 from .sources import (
     DEFAULT_MAX_IMAGE_BYTES,
     Listing,
@@ -496,7 +496,7 @@ def _metadata(listing: Listing, recipe: Recipe) -> dict[str, Any]:
             # JPEG decoding (and DCT-scaled drafts) can differ between libjpeg builds
             "libjpeg": features.version("jpg"),
             "libjpeg_turbo": features.version("libjpeg_turbo"),
-            **(serve_decoder_metadata() if getattr(recipe, "store", None) == "jpeg" else {}),
+            **({"decoder": decoder_info()} if getattr(recipe, "store", None) == "jpeg" else {}),
         },
     }
 

@@ -39,7 +39,6 @@ __all__ = [
     "decode_jpeg",
     "decoder_info",
     "scale_boxes",
-    "serve_decoder_metadata",
 ]
 
 DECODER_NAME = "simplejpeg"
@@ -74,14 +73,6 @@ def _simplejpeg() -> Any:
 def decoder_info() -> dict[str, str]:
     """``{"name": ..., "version": ...}`` of the installed serve-time decoder (JpegDecoderUnavailableError if none)."""
     return {"name": DECODER_NAME, "version": str(_simplejpeg().__version__)}
-
-
-def serve_decoder_metadata() -> dict[str, Any]:
-    """The ``preprocess`` metadata keys a JPEG-store conversion records: the decoder it was converted for."""
-    try:
-        return {"decoder": decoder_info()}
-    except JpegDecoderUnavailableError:
-        return {"decoder": {"name": DECODER_NAME, "version": None}}
 
 
 def dct_scale(box_h: np.ndarray, box_w: np.ndarray, out_h: int, out_w: int) -> np.ndarray:

@@ -30,9 +30,12 @@ a reader needs: a baseline or progressive JPEG of three components (Pillow
 mode RGB), no EXIF rotation to apply (orientation absent or 1), and within
 the cap. Anything else (a PNG, a grey or CMYK JPEG, a rotated one, one over
 the cap) is stored as the JPEG encoding at ``quality`` (4:2:0 subsampling,
-Pillow's default) of the step-4 pixels. Either way the stored bytes were
-decoded once at conversion (strict), so a file that does not decode is a bad
-image at conversion time, never stored.
+Pillow's default) of the step-4 pixels. Either way the stored bytes are then
+decoded once by the serve-time decoder (`tbl_loader.jpeg_decode`, strict: a
+libjpeg warning such as corrupt data is an error) and must give the recorded
+size, so a file that would not decode when served is a bad image at
+conversion time, never stored. ``store="jpeg"`` therefore needs the decoder
+installed (``pip install "tbl-loader[jpeg]"``), which also records its version.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from PIL import Image, ImageOps
 import tbl_format
 
 from .decode import RESAMPLE, check_strict, to_rgb
+from .jpeg_decode import decode_jpeg, decoder_info
 
 __all__ = [
     "STORES",
@@ -98,7 +102,7 @@ def prepare_variable(
         if store == "jpeg" and _keeps_source(img, max_size):
             img.load()  # strict: a file that does not decode is never stored
             w, h = img.size
-            return h, w, bytes(data)
+            return _served_as_stored(h, w, bytes(data))
         swap = img.getexif().get(_EXIF_ORIENTATION, 1) in _SWAPS_AXES
         w0, h0 = img.size[::-1] if swap else img.size  # the upright original size
         tw, th = capped_size(w0, h0, max_size)
@@ -113,7 +117,15 @@ def prepare_variable(
             return th, tw, rgb.tobytes()
         buf = io.BytesIO()
         rgb.save(buf, "JPEG", quality=quality)
-        return th, tw, buf.getvalue()
+        return _served_as_stored(th, tw, buf.getvalue())
+
+
+def _served_as_stored(height: int, width: int, jpeg: bytes) -> tuple[int, int, bytes]:
+    """``(height, width, jpeg)`` once the serve-time decoder has decoded ``jpeg`` to that size; else ValueError."""
+    shape = decode_jpeg(jpeg, height=height, width=width).shape
+    if shape != (height, width, 3):
+        raise ValueError(f"the serve-time decoder reads {shape} where Pillow read ({height}, {width}, 3)")
+    return height, width, jpeg
 
 
 def reference_variable(
@@ -140,6 +152,8 @@ class VariableRecipe:
 
     def __post_init__(self) -> None:
         _check(self.max_size, self.store, self.quality, self.resample)
+        if self.store == "jpeg":
+            decoder_info()  # JpegDecoderUnavailableError, naming the pip command, before any work
 
     def prepare(self, data: bytes) -> tuple[int, int, bytes]:
         return prepare_variable(data, self.max_size, self.store, self.quality, self.resample, self.draft)
