@@ -169,6 +169,7 @@ def test_resume_yields_the_rest(raw_path, k):
         assert np.array_equal(np.concatenate([head[field], tail[field]]), straight[field])
 
 
+@pytest.mark.skipif(not PER_SAMPLE, reason="needs tbl-kernels 0.2 (crop_resize_images)")
 def test_height_width_disagreeing_with_pixels_is_a_named_error(tmp_path, var_images):
     path = write_raw(tmp_path / "lie.tbl", var_images[:5], lie_at=3)
     with loader(path, 5, shuffle=False) as ld, pytest.raises(ImageGeometryError, match="row 3"):
