@@ -57,7 +57,8 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
     session.install(TORCH, *TEST_DEPS)
-    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]")
+    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]",
+                      str(PKG / "tbl-loader") + "[jpeg]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:
@@ -143,7 +144,7 @@ def kernels_matrix(session: nox.Session, kernels: str) -> None:
     # scikit-image and the loader's extras: without them the conversion tests skip.
     session.install(TORCH, *TEST_DEPS, "scikit-image")
     session.install(str(source))
-    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress]")
+    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg]")
     session.run(
         "python", "-c",
         "import sys, tbl_kernels, tbl_loader; v = tbl_kernels.__version__; print('tbl-kernels', v); "

@@ -17,12 +17,14 @@ from .cursor import Resumable, StreamCursor, StreamOptions
 from .decode import PillowConfigError, UnsupportedImageModeError
 from .image_loader import Batch, ImageLoader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
+from .jpeg_decode import JpegDecodeError, JpegDecoderUnavailableError
 from .order import BatchPlan, EpochOrder
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
 from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
+from .variable_source import ImageGeometryError
 from .verify import VERIFY_MODES
 from .version import __version__
 
@@ -40,8 +42,11 @@ __all__ = [
     "IMAGENET_STD",
     "ImageColumns",
     "ImageDecodeError",
+    "ImageGeometryError",
     "ImageLoader",
     "ImageSpec",
+    "JpegDecodeError",
+    "JpegDecoderUnavailableError",
     "KernelsFeatureError",
     "LAYOUTS",
     "LoaderClosedError",

@@ -1,6 +1,7 @@
 """`tbl convert`: the command-line face of `tbl_loader.convert`, registered on the `tbl.commands` entry point.
 
-    tbl convert SRC DST --size S [--mode center_crop|squash] [--workers N]
+    tbl convert SRC DST (--size S [--mode center_crop|squash] | --max-size N [--store raw|jpeg] [--quality Q])
+                [--workers N]
                 [--on-error fail|skip] [--shard-rows N | --shards N] [--part i/n]
                 [--report PATH] [--quiet] [--label-file F] [--resample R] [--no-draft]
                 [--force] [--max-image-bytes N]
@@ -33,6 +34,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .decode import MODES, RESAMPLE
+from .variable_convert import DEFAULT_QUALITY, STORES
 
 __all__ = ["register_convert", "run_convert"]
 
@@ -53,13 +55,20 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "convert",
         help="convert images (TAR or folder) to a .tbl dataset",
-        usage="tbl convert SRC DST --size S [options]\n       tbl convert --merge PART [PART ...] DST",
+        usage=("tbl convert SRC DST --size S [options]\n       tbl convert SRC DST --max-size N [--store raw|jpeg] "
+               "[options]\n       tbl convert --merge PART [PART ...] DST"),
         description="Decode, resize and store images with their labels as a .tbl dataset.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --merge: PART... DST")
-    p.add_argument("--size", type=int, help="stored side S: images become S x S x 3 uint8 (required unless --merge)")
+    p.add_argument("--size", type=int, help="stored side S: images become S x S x 3 uint8 (or give --max-size)")
+    p.add_argument("--max-size", type=int, default=None, metavar="N",
+                   help="keep each image's aspect, longer side capped at N (variable size; excludes --size)")
+    p.add_argument("--store", choices=STORES, default=None,
+                   help="with --max-size: raw pixels (default) or jpeg bytes (source JPEGs within the cap kept as is)")
+    p.add_argument("--quality", type=int, default=None, metavar="Q",
+                   help=f"with --store jpeg: quality of re-encoded images (default {DEFAULT_QUALITY})")
     p.add_argument("--mode", choices=MODES, default="center_crop", help="center_crop (default) or squash")
     p.add_argument("--resample", choices=tuple(RESAMPLE), default="bilinear", help="resize filter (default bilinear)")
     p.add_argument("--no-draft", dest="draft", action="store_false", help="decode JPEGs at full scale")
@@ -158,11 +167,21 @@ def _run(args: argparse.Namespace) -> int:
     if len(args.paths) != 2:
         _error(f"expected SRC DST, got {len(args.paths)} path(s)")
         return EXIT_REFUSED
-    if args.size is None:
-        _error("--size is required")
+    if (args.size is None) == (args.max_size is None):
+        _error("give exactly one of --size S (fixed S x S images) and --max-size N (variable size, aspect kept)")
+        return EXIT_REFUSED
+    if args.max_size is None and (args.store is not None or args.quality is not None):
+        _error("--store and --quality go with --max-size")
+        return EXIT_REFUSED
+    if args.store != "jpeg" and args.quality is not None:
+        _error("--quality goes with --store jpeg")
         return EXIT_REFUSED
     src, dst = args.paths
-    options = {} if args.max_image_bytes is None else {"max_image_bytes": args.max_image_bytes}
+    options: dict[str, Any] = {} if args.max_image_bytes is None else {"max_image_bytes": args.max_image_bytes}
+    if args.max_size is not None:
+        options.update(max_size=args.max_size, store=args.store or "raw")
+        if args.quality is not None:
+            options["quality"] = args.quality
     try:
         rep = convert(
             src,
@@ -185,7 +204,8 @@ def _run(args: argparse.Namespace) -> int:
     except (ImageDecodeError, WorkerCrashError) as e:
         _error(f"error: {_one_line(e)}; nothing was published at {dst}")
         return EXIT_FAILED
-    except (SourceError, DestinationError, ValueError) as e:  # refused up front; ValueError: bad option values
+    except (SourceError, DestinationError, ValueError, ImportError) as e:  # refused up front; ValueError: bad option
+        # values; ImportError: an optional piece the options need (the jpeg extra), named with its pip command
         _error(f"error: {_one_line(e)}; nothing was written")
         return EXIT_REFUSED
     except OSError as e:  # a full disk, no permission, an I/O error while writing

@@ -14,6 +14,10 @@ module for the rule). Dataset metadata::
                     "libjpeg": <libjpeg API version>,
                     "libjpeg_turbo": <libjpeg-turbo version or null>}}
 
+With ``max_size=N`` instead of ``size``, images keep their aspect ratio with
+the longer side capped at N, as raw pixels of their own size or as JPEG bytes,
+with ``height`` and ``width`` columns: see `tbl_loader.variable_convert`.
+
 Order
 -----
 Samples are stored in the source's order (`tbl_loader.sources`: TAR and
@@ -108,6 +112,7 @@ from PIL import features
 import tbl_format
 
 from .decode import ALPHA_BACKGROUND, PillowConfigError, check_params, check_strict, preprocess_image
+from .jpeg_decode import decoder_info
 from .sources import (
     DEFAULT_MAX_IMAGE_BYTES,
     Listing,
@@ -117,6 +122,7 @@ from .sources import (
     open_source,
     read_file,
 )
+from .variable_convert import DEFAULT_QUALITY, VariableRecipe
 from .version import __version__
 
 __all__ = [
@@ -177,7 +183,7 @@ class ConvertReport:
     source: str
     destination: str
     status: str  # "ok" or "failed"
-    size: int
+    size: int | None  # None for a variable-size conversion (max_size)
     mode: str
     resample: str
     draft: bool
@@ -197,6 +203,8 @@ class ConvertReport:
     images_per_s: float = 0.0  # images processed / total_s (end to end)
     error: str | None = None  # why a failed conversion stopped
     report_error: str | None = None  # why the report file could not be written (then it is not there)
+    max_size: int | None = None  # variable-size conversion: the cap on the longer side
+    store: str | None = None  # variable-size conversion: "raw" or "jpeg"
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -228,30 +236,56 @@ class ConvertReport:
 # ---------------------------------------------------------------- worker side
 
 
+@dataclass(frozen=True)
+class _FixedRecipe:
+    """The fixed S x S conversion (``size=``): how a worker prepares one image and how its row is written."""
+
+    size: int
+    mode: str
+    resample: str
+    draft: bool
+
+    def prepare(self, data: bytes) -> bytes:
+        return preprocess_image(data, self.size, self.mode, self.resample, self.draft).tobytes()
+
+    def pixel_bytes(self) -> int:
+        return self.size * self.size * 3
+
+    def schema(self) -> tbl_format.Schema:
+        return _schema(self.size)
+
+    def row(self, prepared: bytes, label: int) -> dict[str, Any]:
+        return {"image": np.frombuffer(prepared, np.uint8).reshape(self.size, self.size, 3), "label": label}
+
+    def describe(self) -> dict[str, Any]:
+        return {"size": self.size, "mode": self.mode, "resample": self.resample, "draft": self.draft}
+
+
+Recipe = _FixedRecipe | VariableRecipe
+
+
 class _Decoder:
     """Reads and preprocesses samples; one per worker process (or in-process for workers=1)."""
 
-    def __init__(
-        self, tar_path: str | None, max_bytes: int, size: int, mode: str, resample: str, draft: bool
-    ) -> None:
+    def __init__(self, tar_path: str | None, max_bytes: int, recipe: Recipe) -> None:
         self.tar = TarReader(tar_path, max_bytes) if tar_path is not None else None
         self.max_bytes = max_bytes
-        self.params = (size, mode, resample, draft)
+        self.recipe = recipe
 
-    def one(self, locator: Locator) -> tuple[bytes | None, str | None]:
+    def one(self, locator: Locator) -> tuple[Any, str | None]:
         try:
             if isinstance(locator, str):
                 data = read_file(locator, self.max_bytes)
             else:
                 assert self.tar is not None
                 data = self.tar.read(*locator)
-            return preprocess_image(data, *self.params).tobytes(), None
+            return self.recipe.prepare(data), None
         except (PillowConfigError, MemoryError):
             raise
         except Exception as e:  # one bad file must not stop the others; it is reported by name
             return None, f"{type(e).__name__}: {e}"
 
-    def chunk(self, locators: Sequence[Locator]) -> list[tuple[bytes | None, str | None]]:
+    def chunk(self, locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
         return [self.one(loc) for loc in locators]
 
     def close(self) -> None:
@@ -262,15 +296,13 @@ class _Decoder:
 _WORKER: _Decoder | None = None
 
 
-def _init_worker(
-    parent_pid: int, tar_path: str | None, max_bytes: int, size: int, mode: str, resample: str, draft: bool
-) -> None:
+def _init_worker(parent_pid: int, tar_path: str | None, max_bytes: int, recipe: Recipe) -> None:
     global _WORKER
     # Ctrl-C reaches the whole process group: only the parent acts on it (it aborts the writer and
     # stops the pool); a worker finishes its chunk instead of dying with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with(parent_pid)
-    _WORKER = _Decoder(tar_path, max_bytes, size, mode, resample, draft)
+    _WORKER = _Decoder(tar_path, max_bytes, recipe)
 
 
 def _die_with(parent_pid: int) -> None:
@@ -310,7 +342,7 @@ def _exit_when_gone(pid: int, pidfd: int | None) -> None:
     os._exit(1)
 
 
-def _worker_chunk(locators: Sequence[Locator]) -> list[tuple[bytes | None, str | None]]:
+def _worker_chunk(locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
     assert _WORKER is not None, "worker not initialised"
     return _WORKER.chunk(locators)
 
@@ -396,23 +428,23 @@ def _results_in_order(
     locators: Sequence[Locator],
     workers: int,
     max_bytes: int,
-    params: tuple[int, str, str, bool],
-) -> Iterator[tuple[bytes | None, str | None]]:
+    recipe: Recipe,
+) -> Iterator[tuple[Any, str | None]]:
     """Preprocessed images (or error messages) in the order of ``locators``, with a bounded window."""
     if workers == 1:
-        decoder = _Decoder(listing.tar_path, max_bytes, *params)
+        decoder = _Decoder(listing.tar_path, max_bytes, recipe)
         try:
             for loc in locators:
                 yield decoder.one(loc)
         finally:
             decoder.close()
         return
-    by_bytes = CHUNK_BYTES // (params[0] * params[0] * 3)
+    by_bytes = CHUNK_BYTES // recipe.pixel_bytes()
     by_spread = math.ceil(len(locators) / (workers * CHUNKS_IN_FLIGHT_PER_WORKER))
     chunk = max(1, min(MAX_CHUNK, by_bytes, by_spread))
     starts = iter(range(0, len(locators), chunk))
     pool: ProcessPoolExecutor | None = None
-    pending: deque[tuple[int, Future[list[tuple[bytes | None, str | None]]]]] = deque()
+    pending: deque[tuple[int, Future[list[tuple[Any, str | None]]]]] = deque()
     current = 0  # first image of the chunk being waited for
 
     def submit_next() -> None:
@@ -427,7 +459,7 @@ def _results_in_order(
                 max_workers=workers,
                 mp_context=_mp_context(),
                 initializer=_init_worker,
-                initargs=(os.getpid(), listing.tar_path, max_bytes, *params),
+                initargs=(os.getpid(), listing.tar_path, max_bytes, recipe),
             )
             for _ in range(workers * CHUNKS_IN_FLIGHT_PER_WORKER):
                 submit_next()
@@ -452,14 +484,11 @@ def _results_in_order(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _metadata(listing: Listing, size: int, mode: str, resample: str, draft: bool) -> dict[str, Any]:
+def _metadata(listing: Listing, recipe: Recipe) -> dict[str, Any]:
     return {
         "classes": list(listing.classes),
         "preprocess": {
-            "size": size,
-            "mode": mode,
-            "resample": resample,
-            "draft": draft,
+            **recipe.describe(),
             "alpha_background": list(ALPHA_BACKGROUND),
             "exif_transpose": True,
             "converter": f"tbl-loader {__version__}",
@@ -467,6 +496,7 @@ def _metadata(listing: Listing, size: int, mode: str, resample: str, draft: bool
             # JPEG decoding (and DCT-scaled drafts) can differ between libjpeg builds
             "libjpeg": features.version("jpg"),
             "libjpeg_turbo": features.version("libjpeg_turbo"),
+            **({"decoder": decoder_info()} if getattr(recipe, "store", None) == "jpeg" else {}),
         },
     }
 
@@ -574,8 +604,11 @@ def _check_report_path(path: Path, inputs: Sequence[Path]) -> None:
 def convert(
     src: str | os.PathLike[str] | Sequence[tuple[str | os.PathLike[str], int | str]],
     dst: str | os.PathLike[str],
-    size: int,
+    size: int | None = None,
     *,
+    max_size: int | None = None,
+    store: str = "raw",
+    quality: int = DEFAULT_QUALITY,
     mode: str = "center_crop",
     workers: int | None = None,
     on_error: str = "fail",
@@ -592,7 +625,11 @@ def convert(
 ) -> ConvertReport:
     """Convert ``src`` (TAR, folder tree or list of (path, label)) to a .tbl dataset at ``dst``.
 
-    ``size``: stored side S. ``mode``: "center_crop" or "squash". ``workers``:
+    ``size``: stored side S. ``mode``: "center_crop" or "squash". Or, instead
+    of ``size``, ``max_size``: images keep their aspect with the longer side
+    capped at N, stored as ``store="raw"`` pixels or ``"jpeg"`` bytes (JPEGs
+    within the cap kept as they are, others encoded at ``quality``); see
+    `tbl_loader.variable_convert`. ``workers``:
     processes (default: all usable cores). ``shard_rows`` / ``shards`` (at most
     one): write a directory of shards of that many rows / about that many
     shards. ``part``: ``"i/n"`` or ``(i, n)``, convert only that contiguous
@@ -605,7 +642,14 @@ def convert(
     image, never read).
     """
     t0 = time.perf_counter()
-    check_params(size, mode, resample)
+    if (size is None) == (max_size is None):
+        raise ValueError("give exactly one of size (fixed S x S images) and max_size (variable size, aspect kept)")
+    recipe: Recipe
+    if size is not None:
+        check_params(size, mode, resample)
+        recipe = _FixedRecipe(size, mode, resample, draft)
+    else:
+        recipe = VariableRecipe(max_size, store, quality, resample, draft)
     # Checked here, not only where images are decoded: worker processes start with Pillow's
     # defaults, so without this the result would depend on the number of workers.
     check_strict()
@@ -631,7 +675,6 @@ def convert(
         report_path = None
     else:
         report_path = Path(report)
-    params = (size, mode, resample, draft)
 
     sharded = shard_rows is not None or shards is not None
     if not sharded and os.fspath(dst).endswith(("/", os.sep)):
@@ -657,6 +700,8 @@ def convert(
             destination=str(dst_path),
             status="failed",
             size=size,
+            max_size=max_size,
+            store=None if max_size is None else store,
             mode=mode,
             resample=resample,
             draft=draft,
@@ -677,7 +722,7 @@ def convert(
             shard_rows = max(1, math.ceil(len(names) / shards))
         try:
             _convert_into(
-                listing, names, labels, locators, dst_path, workers, max_image_bytes, params, on_error, shard_rows,
+                listing, names, labels, locators, dst_path, workers, max_image_bytes, recipe, on_error, shard_rows,
                 force, progress, rep,
             )
         except BaseException as e:
@@ -738,21 +783,19 @@ def _convert_into(
     dst: Path,
     workers: int,
     max_bytes: int,
-    params: tuple[int, str, str, bool],
+    recipe: Recipe,
     on_error: str,
     shard_rows: int | None,
     force: bool,
     progress: bool,
     rep: ConvertReport,
 ) -> None:
-    size = params[0]
-    shape = (size, size, 3)
-    results = _results_in_order(listing, names, locators, workers, max_bytes, params)
+    results = _results_in_order(listing, names, locators, workers, max_bytes, recipe)
     # Exit order on an exception: the pool stops (closing: now, not when the traceback is freed),
     # then the bar, then the writer aborts, removing its temp files; on success it publishes.
     with (
         tbl_format.Writer(
-            dst, _schema(size), metadata=_metadata(listing, *params), shard_rows=shard_rows, overwrite=force
+            dst, recipe.schema(), metadata=_metadata(listing, recipe), shard_rows=shard_rows, overwrite=force
         ) as writer,
         _progress_bar(len(names), progress) as bar,
         closing(results),
@@ -766,7 +809,7 @@ def _convert_into(
                 bar.set_postfix(failed=rep.failed, refresh=False)
             else:
                 assert pixels is not None
-                writer.write({"image": np.frombuffer(pixels, np.uint8).reshape(shape), "label": labels[i]})
+                writer.write(recipe.row(pixels, labels[i]))
                 rep.written += 1
             bar.update(1)
     # Old shards the writer did not remove (not provably the old dataset's own) are told, never silent.

@@ -22,7 +22,7 @@ import numpy as np
 
 import tbl_format
 
-from . import order
+from . import order, variable_source
 from ._kernels import kernels
 from .cursor import StreamCursor, StreamOptions
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop
@@ -120,7 +120,11 @@ class ImageLoader(HostLoader):
     :class:`RandomResizedCrop`) or ``center_crop`` (int or (h, w): the centred box
     of that size, no resize) set the output size, otherwise the stored size.
     ``dtype``: ``"float32"``, ``"float16"``, ``"bfloat16"`` (normalized through
-    the mean/std table) or ``"uint8"`` (raw bytes; mean/std unused).
+    the mean/std table) or ``"uint8"`` (raw bytes; mean/std unused). ``resize``
+    (with ``center_crop``): the evaluation transform, shorter side to ``resize``
+    then the centred crop. Datasets of variable-size images (``tbl convert
+    --max-size``, raw or JPEG) are served too, with crops drawn on each image's
+    own size: see :mod:`tbl_loader.variable_source`.
     ``backend``: ``"torch"`` (default when torch is installed) or ``"numpy"``.
     ``device`` (torch only): batches are copied there with ``non_blocking=True``
     from the ring (pinned when ``pin_memory``); indices stay on the host.
@@ -147,6 +151,7 @@ class ImageLoader(HostLoader):
         hflip: float = 0.0,
         random_resized_crop: RandomResizedCrop | None = None,
         center_crop: int | tuple[int, int] | None = None,
+        resize: int | None = None,
         dtype: str = "float32",
         layout: str = "CHW",
         device: Any = None,
@@ -163,7 +168,7 @@ class ImageLoader(HostLoader):
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
-                         label_key=label_key)
+                         label_key=label_key, resize=resize)
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         if num_threads is not None:
@@ -182,10 +187,18 @@ class ImageLoader(HostLoader):
                 raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
             if verify == "open" and closers == []:
                 dataset.verify()  # the caller's dataset: check it here, once
-            columns = spec.bind(dataset)
+            lazy = dataset.verify_rows if verify == "lazy" else None
+            if variable_source.is_variable(dataset, spec.image_key):  # tbl convert --max-size
+                columns = variable_source.bind_variable(spec, dataset)
+                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns)}
+                source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads)
+                closers.insert(0, source.close)  # the decode threads stop before the dataset closes
+            else:
+                columns = spec.bind(dataset)
+                settings = spec.stream_settings()
+                source = _ImageSource(columns, spec, options.seed, lazy)
             cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
-                                  settings=spec.stream_settings())
-            source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None)
+                                  settings=settings)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
         except BaseException:
             for close in closers:
@@ -196,7 +209,7 @@ class ImageLoader(HostLoader):
             kernels.set_num_threads(num_threads)
         self.dataset = dataset
         self.spec = spec
-        self.image_shape = columns.image_shape
+        self.image_shape = getattr(columns, "image_shape", None)  # None: images of variable size
         self.has_labels = columns.labels is not None
         self.verify = verify
 

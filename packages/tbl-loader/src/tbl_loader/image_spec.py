@@ -20,11 +20,45 @@ import numpy as np
 from . import order
 from .output import OUTPUT_DTYPES
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "ImageColumns", "ImageSpec", "RandomResizedCrop"]
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "LAYOUTS",
+    "VARIABLE_IMAGE_KINDS",
+    "ImageColumns",
+    "ImageSpec",
+    "RandomResizedCrop",
+    "resized_center_crop_boxes",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYOUTS = ("CHW", "HWC")
+VARIABLE_IMAGE_KINDS = ("var_array", "encoded_image")  # leaf kinds of `tbl convert --max-size` images
+
+
+def resized_center_crop_boxes(height, width, resize: int, crop_h: int, crop_w: int) -> np.ndarray:
+    """int32 ``(n, 4)`` boxes of torchvision's ``Resize(resize)`` + ``CenterCrop((crop_h, crop_w))`` on each image.
+
+    The shorter side S of an ``height x width`` image is scaled to ``resize``,
+    so the output's ``crop_h x crop_w`` centre covers ``crop_h * S / resize`` by
+    ``crop_w * S / resize`` source pixels. The box is that size rounded to the
+    nearest pixel (half up, integer arithmetic: ``(2 * crop * S + resize) // (2 * resize)``,
+    at least 1, at most the side), centred as torchvision's CenterCrop centres:
+    ``top = round((height - box_h) / 2)``, half to even.
+    The one crop-resize of this box differs from resizing the whole image and
+    then cropping by the sub-pixel rounding of the box (see the README).
+    """
+    h = np.asarray(height, dtype=np.int64).reshape(-1)
+    w = np.asarray(width, dtype=np.int64).reshape(-1)
+    if h.size and (h.min() < 1 or w.min() < 1):
+        raise ValueError("image sizes must be positive")
+    short = np.minimum(h, w)
+    bh = np.clip((2 * crop_h * short + resize) // (2 * resize), 1, h)
+    bw = np.clip((2 * crop_w * short + resize) // (2 * resize), 1, w)
+    top = np.rint((h - bh) / 2.0).astype(np.int64)  # torchvision's CenterCrop offset (round half to even)
+    left = np.rint((w - bw) / 2.0).astype(np.int64)
+    return np.stack([top, left, bh, bw], axis=1).astype(np.int32)
 
 
 def _size_pair(name: str, size: Any) -> tuple[int, int]:
@@ -97,7 +131,9 @@ class ImageSpec:
     tbl-kernels; unused for ``dtype="uint8"``). ``hflip``: flip probability.
     ``random_resized_crop`` (a :class:`RandomResizedCrop`) or ``center_crop``
     (int or (h, w): the centred box of that size, no resize) set the output
-    size, otherwise the stored size. ``dtype``: ``"float32"``, ``"float16"``,
+    size, otherwise the stored size. ``resize`` (an int R, with ``center_crop``):
+    the evaluation transform, shorter side resized to R then the centred
+    ``center_crop``, as one crop-resize (`resized_center_crop_boxes`). ``dtype``: ``"float32"``, ``"float16"``,
     ``"bfloat16"`` or ``"uint8"``. ``layout``: ``"CHW"`` or ``"HWC"``.
     ``image_key`` / ``label_key``: the leaves holding the image and the label.
     """
@@ -111,6 +147,7 @@ class ImageSpec:
     layout: str = "CHW"
     image_key: str = "image"
     label_key: str = "label"
+    resize: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in OUTPUT_DTYPES:
@@ -130,6 +167,14 @@ class ImageSpec:
             order.random_resized_crop_boxes(0, 0, np.zeros(1, np.int64), crop.output_size[0], crop.output_size[1],
                                             crop.scale, crop.ratio)
         center = None if self.center_crop is None else _size_pair("center_crop", self.center_crop)
+        if self.resize is not None:
+            if isinstance(self.resize, bool) or not isinstance(self.resize, (int, np.integer)) or self.resize < 1:
+                raise ValueError(f"resize must be a positive int (the shorter side), got {self.resize!r}")
+            if center is None:
+                raise ValueError("resize goes with center_crop (resize the shorter side, then crop the centre)")
+            if max(center) > self.resize:
+                raise ValueError(f"center_crop {center} must fit in the shorter side resize={self.resize}")
+            object.__setattr__(self, "resize", int(self.resize))
         object.__setattr__(self, "hflip", hflip)
         object.__setattr__(self, "center_crop", center)
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
@@ -147,6 +192,8 @@ class ImageSpec:
             crop = {"random_resized": self.random_resized_crop.describe()}
         elif self.center_crop is not None:
             crop = {"center": list(self.center_crop)}
+            if self.resize is not None:
+                crop["resize"] = self.resize
         return {"hflip": self.hflip, "crop": crop, "image_key": self.image_key, "label_key": self.label_key}
 
     def bind(self, dataset: Any) -> ImageColumns:
@@ -162,7 +209,10 @@ class ImageSpec:
             out_hw = self.random_resized_crop.output_size
         elif self.center_crop is not None:
             out_hw = self.center_crop
-            center_box = order.center_crop_box(height, width, *out_hw)
+            if self.resize is None:
+                center_box = order.center_crop_box(height, width, *out_hw)
+            else:
+                center_box = resized_center_crop_boxes(np.array([height]), np.array([width]), self.resize, *out_hw)[0]
         else:
             out_hw = (height, width)
         return ImageColumns(images, labels, height, width, channels, out_hw, center_box)
@@ -173,6 +223,10 @@ def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndar
     paths = list(getattr(dataset, "leaf_paths", []))
     if image_key not in paths:
         raise ValueError(f"dataset has no {image_key!r} leaf (leaves: {paths})")
+    kind = getattr(getattr(dataset, "schema", None), "leaves", {}).get(image_key)
+    if getattr(kind, "kind", None) in VARIABLE_IMAGE_KINDS:
+        raise ValueError(f"leaf {image_key!r} holds images of variable size ({kind.kind}); "
+                         "tbl_loader.ImageLoader serves them (this loader serves fixed-size image columns)")
     images = [s for s in dataset.segments(image_key) if s.shape[0] > 0]
     if not images:
         raise ValueError("dataset has no samples")

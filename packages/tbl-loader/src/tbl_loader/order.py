@@ -226,13 +226,16 @@ def random_resized_crop_boxes(
     seed: int,
     epoch: int,
     sample_ids,
-    height: int,
-    width: int,
+    height,
+    width,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
 ) -> np.ndarray:
     """int32 ``(n, 4)`` boxes ``(top, left, height, width)``, one per sample id.
 
+    ``height`` / ``width``: one image size for every sample (ints), or each
+    sample's own (integer arrays of shape ``(n,)``, for images of variable size;
+    a sample's box depends only on its own size).
     torchvision's ``RandomResizedCrop.get_params`` algorithm on a ``height x width``
     image: up to ten attempts of ``target_area = area * U(scale)`` and
     ``aspect = exp(U(log ratio))``, ``w = round(sqrt(target_area * aspect))``,
@@ -242,20 +245,21 @@ def random_resized_crop_boxes(
     ``[0, width - w]``; otherwise the central-crop fallback. Attempt ``a`` of sample
     ``i`` uses tags ``TAG_CROP_SCALE + a`` and ``TAG_CROP_RATIO + a``.
     """
-    height, width = int(height), int(width)
-    if height <= 0 or width <= 0:
-        raise ValueError(f"image size must be positive, got {height}x{width}")
+    ids = np.asarray(sample_ids).reshape(-1)
+    n = ids.shape[0]
+    height, width = _sizes(height, n), _sizes(width, n)
+    if height.size and (height.min() <= 0 or width.min() <= 0):
+        k = int(np.argmax((height <= 0) | (width <= 0)))
+        raise ValueError(f"image size must be positive, got {int(height[k])}x{int(width[k])}")
     s_lo, s_hi = _check_range("scale", scale, positive=False)
     if s_lo < 0.0:
         raise ValueError(f"scale must be non-negative, got {scale!r}")
     r_lo, r_hi = _check_range("ratio", ratio, positive=True)
-    ids = np.asarray(sample_ids).reshape(-1)
-    n = ids.shape[0]
     boxes = np.empty((n, 4), dtype=np.int32)
     if n == 0:
         return boxes
 
-    area = float(height * width)
+    area = (height * width).astype(np.float64)
     log_lo, log_hi = _log(r_lo), _log(r_hi)
     attempts = np.arange(CROP_ATTEMPTS, dtype=np.int64)[:, None]
     u_scale = uniform(seed, epoch, TAG_CROP_SCALE + attempts, ids)  # (10, n)
@@ -276,7 +280,7 @@ def random_resized_crop_boxes(
     top = np.floor(u_top * (height - h_sel + 1)).astype(np.int64)
     left = np.floor(u_left * (width - w_sel + 1)).astype(np.int64)
 
-    fb_top, fb_left, fb_h, fb_w = _fallback_box(height, width, r_lo, r_hi)
+    fb_top, fb_left, fb_h, fb_w = _fallback_boxes(height, width, r_lo, r_hi)
     boxes[:, 0] = np.where(found, top, fb_top)
     boxes[:, 1] = np.where(found, left, fb_left)
     boxes[:, 2] = np.where(found, h_sel, fb_h)
@@ -284,17 +288,25 @@ def random_resized_crop_boxes(
     return boxes
 
 
-def _fallback_box(height: int, width: int, r_lo: float, r_hi: float) -> tuple[int, int, int, int]:
-    """torchvision's central-crop fallback after ten failed attempts."""
-    in_ratio = float(width) / float(height)
-    if in_ratio < r_lo:
-        w = width
-        h = int(round(w / r_lo))
-    elif in_ratio > r_hi:
-        h = height
-        w = int(round(h * r_hi))
-    else:
-        w, h = width, height
+def _sizes(size, n: int) -> np.ndarray:
+    """An image side for each of ``n`` samples as int64 ``(n,)``: one int broadcast, or an array of n."""
+    arr = np.asarray(size)
+    if arr.ndim == 0:
+        return np.full(n, int(arr), dtype=np.int64)
+    if arr.dtype.kind not in "iu" or arr.shape != (n,):
+        raise ValueError(f"image sizes must be an int or an integer array of shape ({n},), got {arr.dtype} {arr.shape}")
+    return arr.astype(np.int64)
+
+
+def _fallback_boxes(
+    height: np.ndarray, width: np.ndarray, r_lo: float, r_hi: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """torchvision's central-crop fallback after ten failed attempts, per sample (Python's round: half to even)."""
+    hf, wf = height.astype(np.float64), width.astype(np.float64)
+    in_ratio = wf / hf
+    narrow, wide = in_ratio < r_lo, in_ratio > r_hi
+    w = np.where(narrow, width, np.where(wide, np.rint(hf * r_hi).astype(np.int64), width))
+    h = np.where(narrow, np.rint(wf / r_lo).astype(np.int64), height)
     return (height - h) // 2, (width - w) // 2, h, w
 
 

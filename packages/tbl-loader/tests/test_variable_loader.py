@@ -1,0 +1,359 @@
+"""ImageLoader over variable-size images (tbl convert --max-size): exact pixels, determinism, resume, errors.
+
+Expectations are built from the numpy reference kernel (tbl_kernels.reference.crop_resize_images) on
+boxes drawn from the sizes columns alone, and compared with np.array_equal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import as_numpy, collect
+
+import tbl_format
+import tbl_kernels
+from tbl_kernels import reference as kref
+from tbl_loader import ImageLoader, RandomResizedCrop, StateMismatchError, order
+from tbl_loader.image_spec import resized_center_crop_boxes
+from tbl_loader.variable_source import ImageGeometryError
+
+N = 45
+SEED = 11
+CROP = RandomResizedCrop(16, scale=(0.2, 1.0))
+PER_SAMPLE = hasattr(tbl_kernels, "crop_resize_images")  # tbl-kernels 0.2; the oldest kernels the pin admits lack it
+STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "uint8": np.uint8}
+
+
+def make_images(n: int = N, seed: int = 0) -> list[np.ndarray]:
+    """Smooth images (so JPEG keeps them recognisable) of sizes 12..70 on each side."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        h, w = (int(v) for v in rng.integers(12, 71, size=2))
+        y, x = np.mgrid[0:h, 0:w]
+        base = rng.integers(0, 256, size=3)
+        img = (base + 3 * y[..., None] + 2 * x[..., None] + rng.integers(0, 20, (h, w, 3))) % 256
+        out.append(np.ascontiguousarray(img.astype(np.uint8)))
+    return out
+
+
+def write_raw(path: Path, images: list[np.ndarray], *, shard_rows: int | None = None, lie_at: int | None = None) -> Path:
+    schema = tbl_format.Schema({"image": tbl_format.Leaf("var_array", dtype="uint8", ndim=3),
+                                "height": tbl_format.Leaf("int"), "width": tbl_format.Leaf("int"),
+                                "label": tbl_format.Leaf("int")})
+    with tbl_format.Writer(path, schema, shard_rows=shard_rows) as w:
+        for i, img in enumerate(images):
+            h = img.shape[0] + (1 if i == lie_at else 0)
+            w.write({"image": img, "height": h, "width": img.shape[1], "label": i * 7})
+    return path
+
+
+@pytest.fixture(scope="module")
+def var_images() -> list[np.ndarray]:
+    return make_images()
+
+
+@pytest.fixture(scope="module")
+def raw_path(tmp_path_factory, var_images) -> Path:
+    if not PER_SAMPLE:
+        pytest.skip(f"tbl-kernels {tbl_kernels.__version__} has no crop_resize_images (0.2 has)")
+    return write_raw(tmp_path_factory.mktemp("var") / "raw", var_images, shard_rows=20)
+
+
+def expected(images, ids, *, epoch, hflip=0.0, dtype="float32", layout="CHW", crop=CROP, resize=None, center=None,
+             decode=None):
+    """The reference batch for ``ids``: boxes from the sizes only, reference crop-resize, flip, table."""
+    ids = np.asarray(ids, np.int64)
+    hs = np.array([images[i].shape[0] for i in ids], np.int64)
+    ws = np.array([images[i].shape[1] for i in ids], np.int64)
+    if crop is not None:
+        oh, ow = crop.output_size
+        boxes = order.random_resized_crop_boxes(SEED, epoch, ids, hs, ws, crop.scale, crop.ratio)
+    else:
+        oh, ow = center
+        boxes = resized_center_crop_boxes(hs, ws, resize, oh, ow)
+    sources = [images[i] for i in ids]
+    if decode is not None:
+        sources, boxes = decode(ids, boxes, (oh, ow))
+    flip = order.flip_draws(SEED, epoch, ids, hflip).astype(np.uint8) if hflip else None
+    table = None if dtype == "uint8" else kref.normalization_table((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), dtype)
+    shape = (len(ids), 3, oh, ow) if layout == "CHW" else (len(ids), oh, ow, 3)
+    out = np.empty(shape, STORAGE[dtype])
+    kref.crop_resize_images(sources, boxes, out, table, flip, layout)
+    return out
+
+
+def loader(path, batch_size=8, **kw):
+    opts = {"seed": SEED, "backend": "numpy", "random_resized_crop": CROP, "mean": (0.5, 0.4, 0.3),
+            "std": (0.2, 0.25, 0.3), **kw}
+    return ImageLoader(path, batch_size, **opts)
+
+
+@pytest.mark.parametrize(("dtype", "layout", "hflip"), [("float32", "CHW", 0.5), ("uint8", "HWC", 0.0),
+                                                        ("bfloat16", "CHW", 1.0), ("float16", "HWC", 0.5)])
+def test_random_resized_crop_is_exact(raw_path, var_images, dtype, layout, hflip):
+    with loader(raw_path, 8, hflip=hflip, dtype=dtype, layout=layout) as ld:
+        ld.set_epoch(3)
+        got, labels, ids = collect(ld)
+    assert sorted(ids.tolist()) == list(range(N))
+    assert np.array_equal(got, expected(var_images, ids, epoch=3, hflip=hflip, dtype=dtype, layout=layout))
+    assert np.array_equal(labels, ids * 7)
+    assert ld.image_shape is None
+
+
+def test_evaluation_transform_is_exact(raw_path, var_images):
+    with loader(raw_path, 10, random_resized_crop=None, center_crop=10, resize=12, shuffle=False) as ld:
+        got, _, ids = collect(ld)
+    assert np.array_equal(ids, np.arange(N))
+    assert np.array_equal(got, expected(var_images, ids, epoch=0, crop=None, resize=12, center=(10, 10)))
+
+
+def test_resized_center_crop_boxes_rule():
+    # shorter side 100 resized to 50: a 40-pixel crop covers 80 source pixels, centred
+    assert resized_center_crop_boxes([100], [150], 50, 40, 40).tolist() == [[10, 35, 80, 80]]
+    # 7 * 33 / 20 = 11.55 -> 12; never more than the side; offsets round half to even as torchvision
+    assert resized_center_crop_boxes([33], [40], 20, 7, 20).tolist() == [[10, 4, 12, 33]]  # 10.5 -> 10, 3.5 -> 4
+    with pytest.raises(ValueError, match="resize goes with center_crop"):
+        ImageLoader.__init__  # noqa: B018 (the spec check runs before any file is opened)
+        from tbl_loader import ImageSpec
+
+        ImageSpec(resize=10)
+
+
+def test_fixed_size_dataset_takes_the_evaluation_transform_too(dataset_path):
+    with ImageLoader(dataset_path, 16, backend="numpy", center_crop=6, resize=7, shuffle=False,
+                     dtype="uint8") as ld:
+        got, _, ids = collect(ld)
+        ds = tbl_format.open(dataset_path)
+        stored = np.concatenate([np.asarray(s) for s in ds.segments("image")])
+        ds.close()
+    h, w = stored.shape[1:3]
+    box = resized_center_crop_boxes([h], [w], 7, 6, 6)
+    want = np.empty((len(ids), 3, 6, 6), np.uint8)
+    kref.gather_crop_resize([stored], ids, np.repeat(box, len(ids), axis=0), want, None, None, "CHW")
+    assert np.array_equal(got, want)
+
+
+def test_same_stream_every_way(raw_path, tmp_path, var_images):
+    """prefetch on/off, 1 and 2 threads, batch 7 and 64, 1 shard or 3: the same samples, bit for bit."""
+    single = write_raw(tmp_path / "single.tbl", var_images)
+    runs = []
+    for path, batch, prefetch, threads in [(raw_path, 7, 0, 1), (raw_path, 64, 2, 2), (single, 7, 3, 2),
+                                           (single, 64, 0, 1)]:
+        with loader(path, batch, hflip=0.5, prefetch=prefetch, num_threads=threads) as ld:
+            ld.set_epoch(1)
+            runs.append(collect(ld))
+    for other in runs[1:]:
+        for field in range(3):
+            assert np.array_equal(runs[0][field], other[field])
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_resume_yields_the_rest(raw_path, k):
+    with loader(raw_path, 8, hflip=0.5) as ld:
+        ld.set_epoch(2)
+        straight = collect(ld)
+    first = loader(raw_path, 8, hflip=0.5)
+    first.set_epoch(2)
+    head = collect(first, limit=k)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = loader(raw_path, 5, hflip=0.5, prefetch=0)
+    resumed.load_state_dict(state)
+    tail = collect(resumed)
+    resumed.close()
+    for field in range(3):
+        assert np.array_equal(np.concatenate([head[field], tail[field]]), straight[field])
+
+
+@pytest.mark.skipif(not PER_SAMPLE, reason="needs tbl-kernels 0.2 (crop_resize_images)")
+def test_height_width_disagreeing_with_pixels_is_a_named_error(tmp_path, var_images):
+    path = write_raw(tmp_path / "lie.tbl", var_images[:5], lie_at=3)
+    with loader(path, 5, shuffle=False) as ld, pytest.raises(ImageGeometryError, match="row 3"):
+        collect(ld)
+
+
+def test_variable_images_need_a_fixed_output_size(raw_path):
+    with pytest.raises(ValueError, match="random_resized_crop or center_crop"):
+        loader(raw_path, random_resized_crop=None)
+    with pytest.raises(ValueError, match="does not fit row"):
+        loader(raw_path, random_resized_crop=None, center_crop=40)
+
+
+def test_kernels_without_crop_resize_images_name_the_pip_command(tmp_path, var_images, monkeypatch):
+    import tbl_loader._kernels as k
+    from tbl_loader import KernelsFeatureError
+
+    path = write_raw(tmp_path / "v.tbl", var_images[:4])
+    if PER_SAMPLE:  # on the oldest kernels the pin admits this is the real thing, not a stand-in
+
+        class Old:
+            __version__ = "0.1.0"
+
+        monkeypatch.setattr(k, "kernels", Old())
+    with pytest.raises(KernelsFeatureError, match="pip install"):
+        loader(path)
+
+
+def test_resident_loader_refuses_variable_images_by_name(tmp_path, var_images):
+    from tbl_loader import ImageSpec
+
+    path = write_raw(tmp_path / "v.tbl", var_images[:4])
+    with tbl_format.open(path) as ds, pytest.raises(ValueError, match="variable size"):
+        ImageSpec().bind(ds)
+
+
+# ---------------------------------------------------------------------------------------------- JPEG storage
+
+try:
+    import simplejpeg  # the jpeg extra: pip install "tbl-loader[jpeg]"
+except ImportError:
+    simplejpeg = None
+needs_decoder = pytest.mark.skipif(simplejpeg is None, reason='needs the jpeg extra: pip install "tbl-loader[jpeg]"')
+
+
+def encode_jpeg(img: np.ndarray) -> bytes:
+    return simplejpeg.encode_jpeg(img, quality=92, colorspace="RGB")
+
+
+def write_jpeg(path: Path, blobs: list[bytes], sizes: list[tuple[int, int]], shard_rows=None) -> Path:
+    schema = tbl_format.Schema({"image": tbl_format.Leaf("encoded_image", format="jpeg"),
+                                "height": tbl_format.Leaf("int"), "width": tbl_format.Leaf("int"),
+                                "label": tbl_format.Leaf("int")})
+    with tbl_format.Writer(path, schema, shard_rows=shard_rows) as w:
+        for i, (b, (h, wd)) in enumerate(zip(blobs, sizes, strict=True)):
+            w.write({"image": b, "height": h, "width": wd, "label": i * 7})
+    return path
+
+
+@pytest.fixture(scope="module")
+def jpeg_data(tmp_path_factory, var_images):
+    if simplejpeg is None or not PER_SAMPLE:
+        pytest.skip("needs simplejpeg and tbl-kernels 0.2")
+    blobs = [encode_jpeg(im) for im in var_images]
+    path = write_jpeg(tmp_path_factory.mktemp("jpg") / "jpeg", blobs, [im.shape[:2] for im in var_images], 20)
+    return path, blobs
+
+
+def decoder(blobs):
+    """The documented serve-time decode: DCT scale from the box, boxes mapped onto the decoded image."""
+    from tbl_loader.jpeg_decode import dct_scale, scale_boxes
+
+    def decode(ids, boxes, out_hw):
+        scales = dct_scale(boxes[:, 2], boxes[:, 3], *out_hw)
+        full, decoded, sources = [], [], []
+        for i, k in zip(ids, scales, strict=True):
+            h, w, _, _ = simplejpeg.decode_jpeg_header(blobs[i])
+            img = simplejpeg.decode_jpeg(blobs[i], "RGB", min_height=-(-h // k), min_width=-(-w // k))
+            full.append((h, w))
+            decoded.append(img.shape[:2])
+            sources.append(img)
+        return sources, scale_boxes(boxes, np.array(full), np.array(decoded))
+
+    return decode
+
+
+def test_jpeg_storage_is_exact(jpeg_data, var_images):
+    path, blobs = jpeg_data
+    with loader(path, 8, hflip=0.5, num_threads=2) as ld:
+        ld.set_epoch(4)
+        got, labels, ids = collect(ld)
+    assert np.array_equal(got, expected(var_images, ids, epoch=4, hflip=0.5, decode=decoder(blobs)))
+    assert np.array_equal(labels, ids * 7)
+
+
+def test_dct_downscaling_is_used_when_the_box_allows(jpeg_data, var_images):
+    from tbl_loader.jpeg_decode import dct_scale, scale_boxes
+
+    small = RandomResizedCrop(4, scale=(0.5, 1.0))
+    path, blobs = jpeg_data
+    with loader(path, 16, random_resized_crop=small, dtype="uint8") as ld:
+        got, _, ids = collect(ld)
+    assert np.array_equal(got, expected(var_images, ids, epoch=0, dtype="uint8", crop=small, decode=decoder(blobs)))
+    hs = np.array([var_images[i].shape[0] for i in ids])
+    ws = np.array([var_images[i].shape[1] for i in ids])
+    boxes = order.random_resized_crop_boxes(SEED, 0, ids, hs, ws, small.scale, small.ratio)
+    scales = dct_scale(boxes[:, 2], boxes[:, 3], 4, 4)
+    assert set(scales.tolist()) >= {2, 4, 8}  # the 1/2, 1/4 and 1/8 decodes all happen here
+    assert dct_scale(np.array([7, 8, 16, 32, 31]), np.array([100] * 5), 4, 4).tolist() == [1, 2, 4, 8, 4]
+    # a box maps onto the decoded image covering the same part of the picture
+    assert scale_boxes(np.array([[3, 5, 10, 9]]), np.array([[41, 30]]), np.array([[21, 15]])).tolist() == [
+        [1, 2, 6, 5]]
+
+
+def test_jpeg_stream_is_the_same_every_way(jpeg_data):
+    path, _ = jpeg_data
+    runs = []
+    for batch, prefetch, threads in [(7, 0, 1), (64, 2, 2)]:
+        with loader(path, batch, hflip=0.5, prefetch=prefetch, num_threads=threads) as ld:
+            runs.append(collect(ld))
+    for field in range(3):
+        assert np.array_equal(runs[0][field], runs[1][field])
+    first = loader(path, 8, hflip=0.5)
+    head = collect(first, limit=2)
+    state = first.state_dict()
+    first.close()
+    resumed = loader(path, 3, hflip=0.5)
+    resumed.load_state_dict(state)
+    tail = collect(resumed)
+    resumed.close()
+    for field in range(3):
+        assert np.array_equal(np.concatenate([head[field], tail[field]]), runs[0][field])
+
+
+def test_decoder_version_is_part_of_the_stream_fingerprint(jpeg_data, monkeypatch):
+    path, _ = jpeg_data
+    ld = loader(path)
+    state = ld.state_dict()
+    ld.close()
+    monkeypatch.setattr(simplejpeg, "__version__", "0.0.1-other")
+    other = loader(path)
+    with pytest.raises(StateMismatchError):
+        other.load_state_dict(state)
+    other.close()
+
+
+@needs_decoder
+def test_a_jpeg_that_does_not_decode_names_its_row(tmp_path, var_images):
+    if not PER_SAMPLE:
+        pytest.skip("needs tbl-kernels 0.2")
+    from tbl_loader.jpeg_decode import JpegDecodeError
+
+    blobs = [encode_jpeg(im) for im in var_images[:6]]
+    blobs[4] = blobs[4][: len(blobs[4]) // 2]  # truncated: never served as a grey or black image
+    path = write_jpeg(tmp_path / "bad.tbl", blobs, [im.shape[:2] for im in var_images[:6]])
+    with loader(path, 6, shuffle=False) as ld, pytest.raises(JpegDecodeError, match="row 4") as info:
+        collect(ld)
+    assert info.value.row == 4 and "bad.tbl" in str(info.value)
+
+
+def test_missing_decoder_names_the_pip_command(jpeg_data, monkeypatch):
+    import sys
+
+    from tbl_loader.jpeg_decode import JpegDecoderUnavailableError
+
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)
+    with pytest.raises(JpegDecoderUnavailableError, match=r"tbl-loader\[jpeg\]"):
+        loader(jpeg_data[0])
+
+
+@needs_decoder
+def test_converted_jpeg_dataset_serves(tmp_path):
+    pytest.importorskip("skimage")
+    if not PER_SAMPLE:
+        pytest.skip("needs tbl-kernels 0.2")
+    from convert_images import jpeg_set, write_tree
+
+    from tbl_loader import convert
+
+    src = write_tree(tmp_path / "src", {f"c{i % 2}/{i}.jpg": d for i, d in enumerate(jpeg_set(12, lo=30, hi=90))})
+    convert(src, tmp_path / "j.tbl", max_size=48, store="jpeg", workers=1, progress=False)
+    convert(src, tmp_path / "r.tbl", max_size=48, store="raw", workers=1, progress=False)
+    with loader(tmp_path / "j.tbl", 4) as a, loader(tmp_path / "r.tbl", 4) as b:
+        ja, ra = collect(a), collect(b)
+    assert ja[0].shape == ra[0].shape == (12, 3, 16, 16)
+    assert np.array_equal(ja[2], ra[2]) and np.array_equal(ja[1], ra[1])
+    assert as_numpy(ja[0]).dtype == np.float32
