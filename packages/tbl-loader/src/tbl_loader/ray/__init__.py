@@ -29,11 +29,12 @@ except ImportError as _e:  # the core install has no Ray: say how to get it
         f"tbl_loader.ray needs Ray Data, which is not installed ({_e}); install it with: {PIP_COMMAND}"
     ) from _e
 
-from .convert import convert  # noqa: E402
+from .convert import DecoderMismatchError, convert  # noqa: E402
 from .sink import OrderError, TblDatasink  # noqa: E402
 from .source import TblDatasource, read_tbl  # noqa: E402
 
 __all__ = [
+    "DecoderMismatchError",
     "OrderError",
     "PIP_COMMAND",
     "RayUnavailableError",

@@ -198,6 +198,8 @@ def _run(listing: Any, sink: _ImageSink, per_task: int, max_bytes: int, params: 
         try:
             ds.write_datasink(sink)
         except BaseException:
+            # Ray calls on_write_failed for an Exception only: a Ctrl-C must not leave the staging folder either.
+            sink.staging.discard()
             # A bad image (on_error="fail") is found on the driver after every task ran; Ray may wrap
             # what on_write_complete raised: the named error is raised as it is.
             if sink.decode_error is not None:

@@ -21,8 +21,10 @@ Retries: Ray Data retries a write task whose worker died. Each attempt
 writes a part of its own; only the part named by the result the driver
 received is published, and the staging folder (with any part of a failed or
 superseded attempt) is removed in the end, so a retry never duplicates rows
-and a failed job leaves neither a manifest nor shards (only a driver killed
-outright leaves its clearly named ``.<name>.tbl-tmp-ray-*`` staging folder).
+and a failed job leaves neither a manifest nor shards. Only a driver killed
+outright, or interrupted (Ray calls ``on_write_failed`` for an Exception,
+not for a KeyboardInterrupt), leaves its clearly named
+``.<name>.tbl-tmp-ray-*`` staging folder.
 Every part's files carry a distinct ``file_id`` (``task<task_idx>``), so
 tasks that wrote equal rows still have distinct shard checksums.
 
