@@ -163,6 +163,14 @@ def photo_tar(tmp_path_factory):
     return write_tar(tmp_path_factory.mktemp("src") / "photos.tar", files)
 
 
+@pytest.fixture(scope="module")
+def photo_tgz(tmp_path_factory):
+    """The same kind of TAR, gzip-compressed: decompressed by the listing actor next to the destination."""
+    files = {f"c{k}/img{i:03d}.jpg": jpeg(300 + 10 * k + i, side=40 + 5 * i) for k in range(2) for i in range(10)}
+    files["c1/img005.jpg"] = truncated_jpeg()
+    return write_tar(tmp_path_factory.mktemp("src") / "photos.tar.gz", files, gzip=True)
+
+
 def assert_same_dataset(a_path, b_path):
     with tbl_format.open(a_path) as a, tbl_format.open(b_path) as b:
         assert a.schema == b.schema and a.metadata == b.metadata and len(a) == len(b)
@@ -180,10 +188,14 @@ def test_convert_on_ray_equals_the_local_converter_row_for_row(cluster, tmp_path
     assert leftovers(tmp_path) == []
 
 
-def test_convert_on_ray_fails_on_the_first_bad_image_in_source_order(cluster, tmp_path, photo_tar):
+def test_convert_on_ray_fails_on_the_first_bad_image_in_source_order(cluster, tmp_path, photo_tgz):
     with pytest.raises(tbl_loader.ImageDecodeError) as err:
-        ray_convert(photo_tar, tmp_path / "ray", 24, images_per_task=8)
+        ray_convert(photo_tgz, tmp_path / "ray", 24, images_per_task=4)
     assert err.value.name == "c1/img005.jpg"
+    # Nothing published, no staging folder, no decompressed copy of the TAR: only the report of the failure.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.report.json"]
+    with pytest.raises(tbl_loader.SourceError, match="does not exist"):
+        ray_convert(tmp_path / "missing.tar", tmp_path / "ray2", 24)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.report.json"]
 
 

@@ -8,9 +8,13 @@ list as given), as in the local converter.
 
 How it runs:
 
-1. The driver lists the source with the local converter's code
+1. A Ray actor lists a TAR or folder source with the local converter's code
    (`sources.open_source`), so both engines agree on names, labels, order,
-   skipped and ignored files. Listing reads only names and TAR headers.
+   skipped and ignored files; it holds the listing open until the job ends
+   (a compressed TAR is decompressed, by that actor, into a hidden temp file
+   next to the destination, read by the decode tasks and removed at the
+   end). A list of (path, label) pairs is listed on the driver: it is given
+   in memory, and its relative paths are the driver's.
 2. One Ray dataset row per image (index, name, where to read it, label),
    split into blocks of ``images_per_task`` images; each block is one Ray
    task that reads its files (by path, TAR members by offset), decodes and
@@ -50,11 +54,12 @@ import numpy as np
 import ray
 from ray.data import DataContext
 from ray.data.block import Block, BlockAccessor
+from ray.exceptions import RayTaskError
 
 from .. import conversion
 from ..conversion import ConvertReport, DestinationError, ImageDecodeError, ImageError
 from ..decode import check_params, check_strict
-from ..sources import DEFAULT_MAX_IMAGE_BYTES, open_source
+from ..sources import DEFAULT_MAX_IMAGE_BYTES, Listing, open_source
 from .sink import OrderError, TblDatasink
 
 __all__ = ["DecoderMismatchError", "convert"]
@@ -122,7 +127,7 @@ def convert(
     except OSError as e:
         raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
     params = (size, mode, resample, draft)
-    with _connected(address), open_source(src, label_file=label_file, scratch_dir=dst_path.parent) as listing:
+    with _connected(address), _listed(src, label_file, dst_path.parent) as listing:
         n = len(listing)
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         t_scan = time.perf_counter()
@@ -164,6 +169,45 @@ def _connected(address: str | None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@ray.remote(num_cpus=0)  # idle after listing: it must not hold a CPU the decode tasks need
+class _SourceLister:
+    """Lists a source on a Ray worker and keeps it open (a compressed TAR's decompressed copy) until `close`."""
+
+    def __init__(self) -> None:
+        self._open: Any = None
+
+    def list(self, src: str, label_file: str | None, scratch_dir: str) -> Listing:
+        self._open = open_source(src, label_file=label_file, scratch_dir=scratch_dir)
+        return self._open.__enter__()
+
+    def close(self) -> None:
+        if self._open is not None:
+            cm, self._open = self._open, None
+            cm.__exit__(None, None, None)
+
+
+@contextmanager
+def _listed(src: Any, label_file: Any, scratch_dir: Path) -> Iterator[Listing]:
+    """The source's listing for the block: by a Ray actor for a TAR or folder, here for a list of pairs."""
+    if not isinstance(src, (str, os.PathLike)):
+        with open_source(src, label_file=label_file, scratch_dir=scratch_dir) as listing:
+            yield listing
+        return
+    lister = _SourceLister.remote()  # type: ignore[attr-defined]
+    try:
+        label = None if label_file is None else os.path.abspath(label_file)
+        try:
+            listing = ray.get(lister.list.remote(os.path.abspath(src), label, str(scratch_dir)))
+        except RayTaskError as e:  # SourceError and the like, raised as themselves
+            raise (e.cause if isinstance(e.cause, Exception) else e) from None
+        yield listing
+    finally:
+        try:
+            ray.get(lister.close.remote())
+        finally:
+            ray.kill(lister)
 
 
 @contextmanager
