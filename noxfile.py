@@ -57,8 +57,9 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
     session.install(TORCH, *TEST_DEPS)
+    # tbl-loader[jpeg]: JPEG-stored datasets are served; [ray]: the Ray tests run (a local cluster) instead of skipping.
     _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]",
-                      str(PKG / "tbl-loader") + "[jpeg]")
+                      str(PKG / "tbl-loader") + "[jpeg,ray]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:

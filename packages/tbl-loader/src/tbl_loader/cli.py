@@ -4,7 +4,7 @@
                 [--workers N]
                 [--on-error fail|skip] [--shard-rows N | --shards N] [--part i/n]
                 [--report PATH] [--quiet] [--label-file F] [--resample R] [--no-draft]
-                [--force] [--max-image-bytes N]
+                [--force] [--max-image-bytes N] [--engine local|ray [--address A]]
     tbl convert --merge PART [PART ...] DST
 
 Exit status and outcome (every error is one line on stderr naming the path and the cause):
@@ -69,7 +69,7 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --max-size: raw pixels (default) or jpeg bytes (source JPEGs within the cap kept as is)")
     p.add_argument("--quality", type=int, default=None, metavar="Q",
                    help=f"with --store jpeg: quality of re-encoded images (default {DEFAULT_QUALITY})")
-    p.add_argument("--mode", choices=MODES, default="center_crop", help="center_crop (default) or squash")
+    p.add_argument("--mode", choices=MODES, default=None, help="with --size: center_crop (default) or squash")
     p.add_argument("--resample", choices=tuple(RESAMPLE), default="bilinear", help="resize filter (default bilinear)")
     p.add_argument("--no-draft", dest="draft", action="store_false", help="decode JPEGs at full scale")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all usable cores)")
@@ -86,6 +86,10 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-image-bytes", type=_byte_count, default=None, metavar="N",
                    help="encoded size cap on one image, e.g. 64M (default 256M); a bigger one is a bad image")
     p.add_argument("--merge", action="store_true", help="join part outputs PART... into DST instead of converting")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local (default): worker processes here; ray: Ray tasks on a Ray cluster (the ray extra); "
+                        "DST is a dataset folder")
+    p.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default: as ray.init)")
     p.set_defaults(func=run_convert)
     return p
 
@@ -173,11 +177,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.max_size is None and (args.store is not None or args.quality is not None):
         _error("--store and --quality go with --max-size")
         return EXIT_REFUSED
+    if args.max_size is not None and args.mode is not None:
+        _error("--mode goes with --size (--max-size keeps the aspect ratio: nothing is cropped or squashed)")
+        return EXIT_REFUSED
+    args.mode = args.mode or "center_crop"
     if args.store != "jpeg" and args.quality is not None:
         _error("--quality goes with --store jpeg")
         return EXIT_REFUSED
     src, dst = args.paths
     options: dict[str, Any] = {} if args.max_image_bytes is None else {"max_image_bytes": args.max_image_bytes}
+    if args.engine == "ray" or args.address is not None:
+        if args.max_size is not None:
+            _error("--engine ray converts to fixed-size images (--size S) only; run --max-size without --engine ray")
+            return EXIT_REFUSED
+        return _run_on_ray(args, src, dst, options)
     if args.max_size is not None:
         options.update(max_size=args.max_size, store=args.store or "raw")
         if args.quality is not None:
@@ -214,9 +227,48 @@ def _run(args: argparse.Namespace) -> int:
     except MemoryError:
         _error(f"out of memory (fewer --workers, or a smaller --max-image-bytes); nothing was published at {dst}")
         return EXIT_FAILED
+    return _outcome(args, rep)
+
+
+def _outcome(args: argparse.Namespace, rep: Any) -> int:
     incomplete = bool(rep.failed or rep.skipped or rep.report_error)
     if not args.quiet or incomplete:
         print(rep.summary(), file=sys.stderr)
     if rep.report_error is not None:
         _error(f"{rep.report_error} (the dataset was published)")
     return EXIT_INCOMPLETE if incomplete else EXIT_OK
+
+
+def _run_on_ray(args: argparse.Namespace, src: str, dst: str, options: dict[str, Any]) -> int:
+    """``--engine ray``: the conversion as Ray tasks (`tbl_loader.ray.convert`)."""
+    if args.engine != "ray":
+        _error("--address needs --engine ray")
+        return EXIT_REFUSED
+    for flag, value in (("--part", args.part), ("--force", args.force), ("--workers", args.workers)):
+        if value:
+            _error(f"{flag} does not apply with --engine ray (Ray spreads the work; an existing dataset is "
+                   "never replaced); nothing was written")
+            return EXIT_REFUSED
+    try:
+        from . import ray as tbl_ray
+    except ImportError as e:
+        _error(f"{e}; nothing was written")
+        return EXIT_REFUSED
+    from .conversion import DestinationError, ImageDecodeError, SourceError
+
+    try:
+        rep = tbl_ray.convert(
+            src, dst, args.size, mode=args.mode, on_error=args.on_error, shard_rows=args.shard_rows,
+            shards=args.shards, report=args.report, progress=not args.quiet, label_file=args.label_file,
+            resample=args.resample, draft=args.draft, address=args.address, **options,
+        )
+    except (SourceError, DestinationError, FileExistsError, ValueError) as e:
+        if isinstance(e, ImageDecodeError):
+            _error(f"error: {_one_line(e)}; nothing was published at {dst}")
+            return EXIT_FAILED
+        _error(f"error: {_one_line(e)}; nothing was written")
+        return EXIT_REFUSED
+    except (OSError, RuntimeError) as e:  # an I/O error, a failed Ray task or cluster
+        _error(f"error: {type(e).__name__}: {_one_line(e)}; nothing was published at {dst}")
+        return EXIT_FAILED
+    return _outcome(args, rep)
