@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import order
+from .cache import CacheFullError
 from .conversion import (
     ConvertReport,
     DestinationError,
@@ -22,6 +23,14 @@ from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
 from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
+from .storage import (
+    RemoteChecksumError,
+    RemoteError,
+    RemoteObjectMissingError,
+    RemoteSupportMissingError,
+    RemoteUnavailableError,
+)
+from .upload import upload_dataset
 from .verify import VERIFY_MODES
 from .version import __version__
 
@@ -29,6 +38,7 @@ __all__ = [
     "Batch",
     "BatchPlan",
     "BatchSource",
+    "CacheFullError",
     "ConvertReport",
     "DestinationError",
     "EpochOrder",
@@ -51,6 +61,11 @@ __all__ = [
     "PyTreeDataset",
     "PyTreeLoader",
     "RandomResizedCrop",
+    "RemoteChecksumError",
+    "RemoteError",
+    "RemoteObjectMissingError",
+    "RemoteSupportMissingError",
+    "RemoteUnavailableError",
     "Resumable",
     "RingGrowthWarning",
     "SourceError",
@@ -67,4 +82,5 @@ __all__ = [
     "convert",
     "merge_parts",
     "order",
+    "upload_dataset",
 ]

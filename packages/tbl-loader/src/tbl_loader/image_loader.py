@@ -29,6 +29,7 @@ from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, Ra
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
+from .storage import is_url
 from .verify import verify_mode
 
 __all__ = ["Batch", "ImageLoader"]
@@ -51,9 +52,13 @@ def _label_rows(seg: np.ndarray) -> np.ndarray:
 class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
-    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None) -> None:
+    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None,
+                 dataset: Any = None) -> None:
         # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
         self.verify_rows = verify_rows
+        # A dataset whose shards come and go (tbl_loader.remote_dataset) maps a batch's shards first.
+        self.shards = dataset if callable(getattr(dataset, "prepare_rows", None)) else None
+        self.image_key, self.label_key = spec.image_key, spec.label_key
         self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
@@ -88,9 +93,18 @@ class _ImageSource:
             self._center_boxes = np.ascontiguousarray(np.broadcast_to(self.center_box, (capacity, 4)))
         return buffers
 
+    def begin_pass(self, epoch_order: Any) -> None:
+        if self.shards is not None:
+            self.shards.schedule(epoch_order.indices)
+
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:  # no payload
         ids = plan.sample_ids
         n = ids.shape[0]
+        if self.shards is not None:
+            self.shards.prepare_rows(ids)
+            self.images = [s for s in self.shards.segments(self.image_key) if s.shape[0] > 0]
+            if self.labels is not None:
+                self.labels = [_label_rows(s) for s in self.shards.segments(self.label_key)]
         if self.verify_rows is not None:
             self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
         out = buffers["images"][:n]
@@ -160,6 +174,9 @@ class ImageLoader(HostLoader):
         image_key: str = "image",
         label_key: str = "label",
         verify: str | bool = "never",
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -172,7 +189,13 @@ class ImageLoader(HostLoader):
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
 
-        if isinstance(path, (str, os.PathLike)):
+        if is_url(path):  # s3://, gs://, az://, http(s)://: served from the local shard cache
+            from .remote_dataset import RemoteDataset
+
+            dataset = RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                    storage_options=storage_options, verify_data=verify == "open")
+            closers = [dataset.close]
+        elif isinstance(path, (str, os.PathLike)):
             dataset = tbl_format.open(path, verify=verify == "open")
             closers = [dataset.close]
         else:
@@ -180,12 +203,13 @@ class ImageLoader(HostLoader):
         try:
             if verify != "never" and not callable(getattr(dataset, "verify_rows", None)):
                 raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
-            if verify == "open" and closers == []:
+            if verify == "open" and closers == [] and callable(getattr(dataset, "verify", None)):
                 dataset.verify()  # the caller's dataset: check it here, once
             columns = spec.bind(dataset)
             cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
-                                  settings=spec.stream_settings())
-            source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None)
+                                  settings=spec.stream_settings(), shard_rows=getattr(dataset, "segment_rows", None))
+            source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None,
+                                  dataset)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
         except BaseException:
             for close in closers:
