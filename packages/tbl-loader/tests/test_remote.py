@@ -7,6 +7,7 @@ missing; CI installs both.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -234,3 +235,108 @@ def test_download_killed_midway_leaves_no_torn_file(s3_server, local_ds, remote_
         for entry in ds.shard_entries:  # every cached file passes the full check
             tbl_format.open(ds_dir / entry["file"], verify=True).close()
     local.close()
+
+
+def test_pytree_dataset_reads_a_url(s3_server, local_ds, remote_url, tmp_path):
+    from tbl_loader import PyTreeDataset
+
+    local = PyTreeDataset(local_ds)
+    remote = PyTreeDataset(remote_url, cache_dir=tmp_path, storage_options=s3_server.storage_options)
+    assert len(remote) == len(local) and remote.fingerprint == local.fingerprint
+    idx = np.arange(N)[::-1].copy()
+    a, b = local.get_batch(idx), remote.get_batch(idx)
+    assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["label"], b["label"])
+
+
+def _s3_env(server, cache_home):
+    """A user's S3 settings in the standard environment variables; the default cache under ``cache_home``."""
+    return {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": server.endpoint, "AWS_ALLOW_HTTP": "true",
+            "XDG_CACHE_HOME": str(cache_home)}
+
+
+def test_tbl_inspect_and_verify_a_url(s3_server, local_ds, tmp_path):
+    from tbl_loader.upload import upload_dataset
+
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds/"
+    upload_dataset(local_ds, url, storage_options=s3_server.storage_options)
+    env = _s3_env(s3_server, tmp_path / 'xdg')
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "inspect", url], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"rows:      {N:,} in {N // SHARD_ROWS} file(s)" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "verify", url], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "every checksum verified" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "verify", f"s3://{bucket}/missing/"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "manifest.json" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_tbl_convert_to_a_url_publishes_the_manifest_last(s3_server, tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "src"
+    for label in ("cat", "dog"):
+        (src / label).mkdir(parents=True)
+        for i in range(6):
+            rgb = np.random.default_rng(i).integers(0, 256, (20, 24, 3), dtype=np.uint8)
+            Image.fromarray(rgb).save(src / label / f"{i}.png")
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/imgs/"
+    env = _s3_env(s3_server, tmp_path / 'xdg')
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "convert", str(src), url, "--size", "16",
+                          "--shard-rows", "5", "--workers", "1", "--quiet"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    keys = [o["Key"] for o in s3_server.boto().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "imgs/manifest.json" in keys and sum(k.endswith(".tbl") for k in keys) == 3
+    # The manifest was the last object written.
+    times = {o["Key"]: o["LastModified"] for o in s3_server.boto().list_objects_v2(Bucket=bucket)["Contents"]}
+    assert times["imgs/manifest.json"] == max(times.values())
+    local = tmp_path / "local"
+    subprocess.run([sys.executable, "-m", "tbl_format.cli", "convert", str(src), str(local), "--size", "16",
+                    "--shard-rows", "5", "--workers", "1", "--quiet"], check=True, capture_output=True, timeout=300)
+    with ImageLoader(local, batch_size=4, backend="numpy", seed=1) as a, \
+            ImageLoader(url, batch_size=4, backend="numpy", seed=1, cache_dir=tmp_path / "c",
+                        storage_options=s3_server.storage_options) as b:
+        for x, y in zip(a, b, strict=True):
+            assert np.array_equal(x.images, y.images) and np.array_equal(x.labels, y.labels)
+
+
+_NODE_WORKER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from tbl_loader import ImageLoader
+    url, cache, options, rank, worker = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    from datetime import timedelta
+    options["retry_config"] = {"max_retries": 1, "retry_timeout": timedelta(seconds=5)}
+    seen = []
+    with ImageLoader(url, batch_size=8, shuffle="block", seed=3, rank=rank, world_size=2, padding="drop",
+                     backend="numpy", cache_dir=cache, storage_options=options) as loader:
+        for number, batch in enumerate(loader):
+            if number % 2 == worker:  # this rank's batches are split between its two workers
+                seen.extend(np.asarray(batch.indices).tolist())
+        downloads = loader.dataset.cache.downloads
+    print(json.dumps({"seen": seen, "downloads": downloads}))
+""")
+
+
+def test_two_ranks_two_workers_share_one_cache(s3_server, local_ds, remote_url, tmp_path):
+    """4 processes on one node, one cache: every sample exactly once, every shard downloaded once."""
+    import json
+
+    options = {k: v for k, v in s3_server.storage_options.items() if k != "retry_config"}
+    procs = [subprocess.Popen([sys.executable, "-c", _NODE_WORKER, remote_url, str(tmp_path), json.dumps(options),
+                               str(rank), str(worker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(2) for worker in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    seen = sorted(i for r in results for i in r["seen"])
+    assert seen == list(range(N))
+    assert sum(r["downloads"] for r in results) == N // SHARD_ROWS

@@ -6,6 +6,12 @@
                 [--force] [--max-image-bytes N]
     tbl convert --merge PART [PART ...] DST
 
+DST may be a URL (``s3://bucket/prefix/`` with --shard-rows or --shards, or
+``.../name.tbl``; needs ``tbl-loader[remote]``): the dataset is converted in a
+temporary local folder, then its shards are uploaded and the manifest last.
+The store is configured by its standard environment variables (for S3:
+``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...).
+
 Exit status and outcome (every error is one line on stderr naming the path and the cause):
 
     0    published; every image converted, the report written
@@ -24,6 +30,7 @@ Exit status and outcome (every error is one line on stderr naming the path and t
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import signal
 import sys
@@ -33,6 +40,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .decode import MODES, RESAMPLE
+from .storage import is_url
 
 __all__ = ["register_convert", "run_convert"]
 
@@ -163,6 +171,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     src, dst = args.paths
     options = {} if args.max_image_bytes is None else {"max_image_bytes": args.max_image_bytes}
+    if is_url(dst):  # convert locally, upload the shards, publish the manifest last
+        from .remote_convert import convert_to_url
+
+        convert = functools.partial(convert_to_url, convert)  # the store's settings: its environment variables
     try:
         rep = convert(
             src,
@@ -188,7 +200,10 @@ def _run(args: argparse.Namespace) -> int:
     except (SourceError, DestinationError, ValueError) as e:  # refused up front; ValueError: bad option values
         _error(f"error: {_one_line(e)}; nothing was written")
         return EXIT_REFUSED
-    except OSError as e:  # a full disk, no permission, an I/O error while writing
+    except ImportError as e:  # a URL without the remote extra (RemoteSupportMissingError names the pip command)
+        _error(f"error: {_one_line(e)}; nothing was written")
+        return EXIT_REFUSED
+    except OSError as e:  # a full disk, no permission, an I/O error while writing; the store failing
         _error(f"I/O error: {_one_line(e)}; nothing was published at {dst}")
         return EXIT_FAILED
     except MemoryError:

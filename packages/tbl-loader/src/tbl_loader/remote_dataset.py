@@ -36,11 +36,11 @@ import numpy as np
 
 import tbl_format
 
-from .cache import ShardCache
+from .cache import CacheFullError, ShardCache
 from .fetcher import Fetcher
 from .storage import open_store
 
-__all__ = ["RemoteDataset", "open_remote"]
+__all__ = ["RemoteDataset", "materialize", "open_remote"]
 
 MANIFEST = "manifest.json"
 
@@ -64,7 +64,7 @@ class RemoteDataset:
         self.cache = ShardCache(cache_dir, cache_limit)
         self.verify_data = bool(verify_data)
         self.max_mapped = max(1, int(max_mapped))
-        single = not url.endswith("/") and url.lower().endswith(".tbl")
+        self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
         base, _, name = url.rpartition("/") if single else (url, "", "")
         self.store = open_store(base, storage_options)
         self.local_dir = self.cache.dataset_dir(url, storage_options)
@@ -179,10 +179,18 @@ class RemoteDataset:
                 self._map(int(k)).verify_rows(local, leaves)
 
     def ensure_all(self) -> Path:
-        """Download every shard into the cache (``cache_limit`` must hold the whole dataset); the local folder."""
+        """Download every shard into the cache; the local dataset path (the folder, or the one file).
+
+        The whole dataset must fit ``cache_limit`` (CacheFullError otherwise): what is
+        returned is then read as an ordinary local dataset.
+        """
+        total = sum(e.get("size") or 0 for e in self._entries)
+        if self.cache.limit is not None and total > self.cache.limit:
+            raise CacheFullError(f"{self.url}: the whole dataset ({total} bytes) does not fit cache_limit "
+                                 f"({self.cache.limit} bytes); raise the limit, or stream it with ImageLoader")
         for k in range(len(self._entries)):
             self._prefetch(k)
-        return self.local_dir
+        return self.local_dir / self._entries[0]["file"] if self._single else self.local_dir
 
     @property
     def mapped_shards(self) -> list[int]:
@@ -215,3 +223,15 @@ def _file_list(name: str) -> bytes:
 def open_remote(url: str, **options: Any) -> RemoteDataset:
     """A :class:`RemoteDataset` for ``url`` (keywords as its constructor's)."""
     return RemoteDataset(url, **options)
+
+
+def materialize(url: str, **options: Any) -> Path:
+    """The whole dataset at ``url`` in the local cache (downloaded as needed); its local path.
+
+    The resolver of ``tbl inspect URL`` / ``tbl verify URL`` (entry point group
+    ``tbl.url_resolvers``), and what ``PyTreeDataset(URL)`` reads. The store is
+    configured by its standard environment variables when ``storage_options``
+    is not given.
+    """
+    with RemoteDataset(url, **options) as remote:
+        return remote.ensure_all()

@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 from typing import Any, BinaryIO
 
+import tbl_format
+
 __all__ = [
     "PIP_REMOTE",
     "RemoteChecksumError",
@@ -62,8 +64,10 @@ class RemoteObjectMissingError(RemoteError, FileNotFoundError):
     """The object does not exist at the URL (for a dataset directory: no manifest.json there)."""
 
 
-class RemoteChecksumError(RemoteError):
-    """A downloaded file failed its checksums twice (downloaded again once, then refused)."""
+class RemoteChecksumError(RemoteError, tbl_format.FormatError):
+    """A downloaded file failed its checksums twice (downloaded again once, then refused).
+
+    Also a ``tbl_format.FormatError``: what the store holds is not an intact dataset."""
 
 
 def _obstore() -> Any:
