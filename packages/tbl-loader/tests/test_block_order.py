@@ -123,3 +123,42 @@ def test_block_state_refused_by_a_global_shuffle_loader(block_ds):
         state = a.state_dict()
     with ImageLoader(path, batch_size=8, shuffle=True, backend="numpy") as b, pytest.raises(StateMismatchError):
         b.load_state_dict(state)
+
+
+def test_page_advice_follows_the_block_order(block_ds, monkeypatch):
+    """WILLNEED before a shard's first batch, DONTNEED after its last; the batches are unchanged."""
+    import mmap
+
+    from tbl_loader import advice
+
+    if not hasattr(mmap.mmap, "madvise") or advice._WILLNEED is None:
+        pytest.skip("no mmap.madvise on this platform")
+    path, _ = block_ds
+    calls = []
+    real = advice.PageAdvisor._advise
+
+    def record(self, k, option):
+        assert self.maps[k] is not None  # the column's mmap was found: the advice reaches the kernel
+        calls.append((self.current, k, option))
+        return real(self, k, option)
+
+    def batch(self, number, _orig=advice.PageAdvisor.batch):
+        self.current = number
+        return _orig(self, number)
+
+    monkeypatch.setattr(advice.PageAdvisor, "_advise", record)
+    monkeypatch.setattr(advice.PageAdvisor, "batch", batch)
+    opts = dict(batch_size=8, shuffle="block", seed=2, hflip=0.5)
+    got = _run(path, **opts)
+    monkeypatch.undo()
+    assert got and all(np.array_equal(a[0], b[0]) for a, b in zip(got, _run(path, **opts), strict=True))
+    starts = np.arange(0, 140, 20)
+    ids = np.concatenate([i for _, i in got])
+    shard_of = np.searchsorted(starts, ids, side="right") - 1
+    batch_of = np.arange(ids.size) // 8
+    for k in range(7):
+        first, last = batch_of[shard_of == k].min(), batch_of[shard_of == k].max()
+        need = [n for n, s, o in calls if s == k and o == mmap.MADV_WILLNEED]
+        done = [n for n, s, o in calls if s == k and o == mmap.MADV_DONTNEED]
+        assert len(need) == 1 and first - 2 <= need[0] <= first
+        assert done == ([] if last == batch_of.max() else [last + 1])

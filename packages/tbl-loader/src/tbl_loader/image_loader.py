@@ -24,6 +24,7 @@ import tbl_format
 
 from . import order
 from ._kernels import kernels
+from .advice import PageAdvisor
 from .cursor import StreamCursor, StreamOptions
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop
 from .order import BatchPlan
@@ -53,12 +54,14 @@ class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
     def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None,
-                 dataset: Any = None) -> None:
+                 dataset: Any = None, batch_size: int = 1) -> None:
         # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
         self.verify_rows = verify_rows
         # A dataset whose shards come and go (tbl_loader.remote_dataset) maps a batch's shards first.
         self.shards = dataset if callable(getattr(dataset, "prepare_rows", None)) else None
         self.image_key, self.label_key = spec.image_key, spec.label_key
+        self.advisor: PageAdvisor | None = None
+        self.batch_size = batch_size
         self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
@@ -94,12 +97,16 @@ class _ImageSource:
         return buffers
 
     def begin_pass(self, epoch_order: Any) -> None:
-        if self.shards is not None:
+        if self.shards is not None:  # remote: the fetcher downloads the pass's shards in order
             self.shards.schedule(epoch_order.indices)
+        elif epoch_order.shuffle == "block":  # local: page-cache advice ahead of the pass (tbl_loader.advice)
+            self.advisor = PageAdvisor(self.images, epoch_order.indices, self.batch_size)
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:  # no payload
         ids = plan.sample_ids
         n = ids.shape[0]
+        if self.advisor is not None:
+            self.advisor.batch(plan.number)
         if self.shards is not None:
             self.shards.prepare_rows(ids)
             self.images = [s for s in self.shards.segments(self.image_key) if s.shape[0] > 0]
@@ -209,7 +216,7 @@ class ImageLoader(HostLoader):
             cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
                                   settings=spec.stream_settings(), shard_rows=getattr(dataset, "segment_rows", None))
             source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None,
-                                  dataset)
+                                  dataset, options.batch_size)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
         except BaseException:
             for close in closers:
