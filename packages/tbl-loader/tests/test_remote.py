@@ -340,3 +340,51 @@ def test_two_ranks_two_workers_share_one_cache(s3_server, local_ds, remote_url, 
     seen = sorted(i for r in results for i in r["seen"])
     assert seen == list(range(N))
     assert sum(r["downloads"] for r in results) == N // SHARD_ROWS
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 96 KiB tmpfs: a real file system that fills up (skips where mounting is not permitted)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount_point)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def test_full_cache_disk_is_a_named_error_and_leaves_nothing(s3_server, local_ds, remote_url, tiny_disk):
+    from tbl_loader import CacheFullError
+    from tbl_loader.remote_dataset import RemoteDataset
+
+    local = tbl_format.open(local_ds)
+    with RemoteDataset(remote_url, cache_dir=tiny_disk, storage_options=s3_server.storage_options,
+                       max_mapped=100) as ds:
+        with pytest.raises(CacheFullError, match=str(tiny_disk)):
+            for k in range(len(ds.segment_rows)):
+                ds.prepare_rows([sum(ds.segment_rows[:k])])
+        files = list(ds.local_dir.iterdir())
+        assert not [p.name for p in files if ".tbl-cache-tmp-" in p.name]
+        assert len([p for p in files if p.suffix == ".tbl"]) < len(ds.segment_rows)
+        for p in files:  # whatever is under a final name is whole
+            if p.suffix == ".tbl":
+                tbl_format.open(p, verify=True).close()
+        for k in ds.mapped_shards:
+            assert np.array_equal(ds.segments("image")[k], local.segments("image")[k])
+    local.close()
+
+
+def test_a_url_without_the_remote_extra_names_the_pip_command(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["obstore"] = None  # as if the remote extra were not installed
+        from tbl_loader import ImageLoader, RemoteSupportMissingError
+        try:
+            ImageLoader("s3://bucket/ds/", batch_size=4, cache_dir=sys.argv[1])
+        except RemoteSupportMissingError as exc:
+            print(exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'pip install "tbl-loader[remote]"' in out.stdout
