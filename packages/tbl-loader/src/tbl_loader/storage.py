@@ -39,7 +39,7 @@ __all__ = [
 
 PIP_REMOTE = 'pip install "tbl-loader[remote]"'
 _SCHEMES = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "adl://", "azure://", "http://", "https://",
-            "memory://")
+            "file://", "memory://")
 _CHUNK = 8 << 20
 
 
