@@ -206,7 +206,8 @@ class ShardCache:
         self._make_room(entry.get("size") or 0, keep=final)
         problem = ""
         for _attempt in range(2):  # one re-download after a failed check, then a named error
-            tmp = final.parent / f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}"
+            # The expected size is in the name: eviction counts downloads in flight against the limit.
+            tmp = final.parent / f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}-{int(entry.get('size') or 0)}"
             try:
                 try:
                     with open(tmp, "xb") as out:
@@ -287,6 +288,19 @@ class ShardCache:
                 total += path.stat().st_size
         return total
 
+    def _in_flight(self, keep: Path) -> int:
+        """Bytes of the downloads other threads or processes have under way (from their temporary names)."""
+        total = 0
+        for directory in self.root.iterdir():
+            if directory.name.startswith(".") or not directory.is_dir():
+                continue
+            for path in directory.rglob(f"*{_TMP_MARK}*"):
+                if path.name.startswith(f".{keep.name}{_TMP_MARK}") and path.parent == keep.parent:
+                    continue
+                tail = path.name.rpartition("-")[2]
+                total += int(tail) if tail.isdigit() else 0
+        return total
+
     def _make_room(self, incoming: int, keep: Path) -> None:
         """Unlink least-recently-used shards until ``incoming`` more bytes fit within the limit."""
         if self.limit is None:
@@ -299,7 +313,7 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     st = path.stat()
                     files.append((st.st_mtime_ns, st.st_size, path))
-            total = sum(size for _, size, _ in files)
+            total = sum(size for _, size, _ in files) + self._in_flight(keep)
             for _, size, path in sorted(files, key=lambda f: (f[0], str(f[2]))):
                 if total + incoming <= self.limit:
                     break

@@ -54,16 +54,17 @@ class RemoteDataset:
     block's CRC-32 of each downloaded shard before it enters the cache (the
     header and table checksums are always checked). ``lookahead``: shards the
     fetcher keeps downloaded ahead of the reader; ``concurrency``: parallel
-    downloads; ``max_mapped``: shards kept mapped when no batch needs them.
+    downloads; ``max_mapped``: shards kept mapped when no batch needs them (default:
+    as many as ``cache_limit`` holds, so unlinked-but-mapped files stay within it too; all
+    without a limit).
     """
 
     def __init__(self, url: str, *, cache_dir: Any = None, cache_limit: Any = None,
                  storage_options: dict[str, Any] | None = None, verify_data: bool = False,
-                 lookahead: int = 4, concurrency: int = 4, max_mapped: int = 8) -> None:
+                 lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None) -> None:
         self.url = url
         self.cache = ShardCache(cache_dir, cache_limit)
         self.verify_data = bool(verify_data)
-        self.max_mapped = max(1, int(max_mapped))
         self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
         base, _, name = url.rpartition("/") if single else (url, "", "")
         self.store = open_store(base, storage_options)
@@ -79,11 +80,18 @@ class RemoteDataset:
             self._meta = tbl_format.open(self.local_dir)  # reads the manifest only
             self._entries = self._meta.shard_entries
         rows = self._meta.segment_rows
+        if max_mapped is None:  # as many as the cache holds: a warm cache serves with no map churn
+            largest = max((e.get("size") or 0 for e in self._entries), default=0) or 1
+            limit = self.cache.limit
+            max_mapped = len(self._entries) if limit is None else max(1, limit // largest)
+        self.max_mapped = max(1, int(max_mapped))
         self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
         self._lock = threading.RLock()
         self._mapped: OrderedDict[int, Any] = OrderedDict()  # shard -> open single-file tbl_format.Dataset
         self._templates: dict[str, np.ndarray] = {}
         self._placeholders: dict[str, np.ndarray] = {}
+        # Downloads ahead stay within what the cache holds besides the shards being read.
+        lookahead = min(lookahead, max(0, self.max_mapped - 1))
         self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
         self._closed = False
 
