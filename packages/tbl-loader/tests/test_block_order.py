@@ -162,3 +162,10 @@ def test_page_advice_follows_the_block_order(block_ds, monkeypatch):
         done = [n for n, s, o in calls if s == k and o == mmap.MADV_DONTNEED]
         assert len(need) == 1 and first - 2 <= need[0] <= first
         assert done == ([] if last == batch_of.max() else [last + 1])
+
+
+def test_block_window_reaches_the_order(block_ds):
+    path, _ = block_ds
+    with ImageLoader(path, batch_size=8, shuffle="block", block_window=2, seed=6, backend="numpy") as loader:
+        ids = np.concatenate([np.array(b.indices) for b in loader])
+    assert np.array_equal(ids, order.block_permutation([20] * 6 + [10], 6, 0, 2))

@@ -388,3 +388,32 @@ def test_a_url_without_the_remote_extra_names_the_pip_command(tmp_path):
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert 'pip install "tbl-loader[remote]"' in out.stdout
+
+
+def test_a_dataset_over_plain_http_equals_local(local_ds, tmp_path):
+    """A dataset directory served by an ordinary HTTP file server (http.server on 127.0.0.1)."""
+    pytest.importorskip("obstore", reason='the remote extra is not installed (pip install "tbl-loader[remote]")')
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(local_ds.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{local_ds.name}/"
+        opts = dict(batch_size=16, shuffle="block", seed=4, hflip=0.5, backend="numpy")
+        with ImageLoader(local_ds, **opts) as a, ImageLoader(url, cache_dir=tmp_path, **opts,
+                                                             storage_options={"client_options": {"allow_http": True}}) as b:
+            pairs = list(zip(a, b, strict=True))
+        assert len(pairs) == N // 16
+        for x, y in pairs:
+            assert np.array_equal(x.images, y.images) and np.array_equal(x.indices, y.indices)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -150,6 +150,13 @@ class ImageLoader(HostLoader):
     to torch.distributed's when it is initialized. ``padding`` ("wrap" or "drop")
     evens out the ranks' shards. ``verify`` (``"never"``, ``"open"`` or
     ``"lazy"``): when data-block checksums are checked, see :mod:`tbl_loader.verify`.
+    ``shuffle``: True (one global permutation per epoch), False, or ``"block"``
+    (shards, then samples within blocks of ``block_window`` shards; see
+    :func:`tbl_loader.order.block_permutation`). ``path`` may be a URL
+    (``s3://bucket/prefix/``, ``gs://``, ``az://``, ``http(s)://``; needs
+    ``tbl-loader[remote]``): served through the shard cache (``cache_dir``,
+    ``cache_limit``), ``storage_options`` passed to the storage library; see
+    :mod:`tbl_loader.remote_dataset`.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -184,12 +191,13 @@ class ImageLoader(HostLoader):
         cache_dir: Any = None,
         cache_limit: Any = None,
         storage_options: dict[str, Any] | None = None,
+        block_window: int = order.DEFAULT_BLOCK_WINDOW,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
                          label_key=label_key)
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
-                                world_size=world_size, padding=padding)
+                                world_size=world_size, padding=padding, block_window=block_window)
         if num_threads is not None:
             if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
                 raise ValueError(f"num_threads must be an int >= 1 or None, got {num_threads!r}")
