@@ -417,3 +417,17 @@ def test_a_dataset_over_plain_http_equals_local(local_ds, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_pytree_loader_reads_a_url_with_block_shuffle(s3_server, local_ds, remote_url, tmp_path):
+    from tbl_loader import PyTreeLoader
+
+    opts = dict(batch_size=16, shuffle="block", seed=8, backend="numpy", return_indices=True)
+    with PyTreeLoader(local_ds, **opts) as a, PyTreeLoader(remote_url, cache_dir=tmp_path,
+                                                           storage_options=s3_server.storage_options, **opts) as b:
+        pairs = list(zip(a, b, strict=True))
+    seen = np.concatenate([ia for (_, ia), _ in pairs])
+    assert np.array_equal(np.sort(seen), np.arange(N))
+    for (ba, ia), (bb, ib) in pairs:
+        assert np.array_equal(ia, ib) and np.array_equal(ba["image"], bb["image"])
+        assert np.array_equal(ba["label"], bb["label"])
