@@ -34,6 +34,7 @@ PKG = ROOT / "packages"
 # The one torch requirement of every session; TBL_TORCH_SPEC overrides it (see the docstring).
 TORCH = os.environ.get("TBL_TORCH_SPEC", "torch==2.13.0")
 TEST_DEPS = ["pytest>=8", "hypothesis>=6"]
+REMOTE_TEST_DEPS = ["moto[server]>=5"]  # the loopback S3 server of tbl-loader's remote tests
 
 # Order matters: each package after the ones it depends on.
 ALL_PACKAGES = ["tbl-format", "tbl-kernels", "tbl-loader", "tbl-resident", "tbl-bench"]
@@ -56,10 +57,11 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
-    session.install(TORCH, *TEST_DEPS)
-    # tbl-loader[jpeg]: JPEG-stored datasets are served; [ray]: the Ray tests run (a local cluster) instead of skipping.
+    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS)
+    # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
+    # object-store tests (a local cluster, a local S3 server) instead of skipping them.
     _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]",
-                      str(PKG / "tbl-loader") + "[jpeg,ray]")
+                      str(PKG / "tbl-loader") + "[jpeg,ray,remote]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:
@@ -143,9 +145,9 @@ def kernels_matrix(session: nox.Session, kernels: str) -> None:
     else:
         expected, source = _kernels_in_tree_version(), PKG / "tbl-kernels"
     # scikit-image and the loader's extras: without them the conversion tests skip.
-    session.install(TORCH, *TEST_DEPS, "scikit-image")
+    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, "scikit-image")
     session.install(str(source))
-    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg]")
+    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg,remote]")
     session.run(
         "python", "-c",
         "import sys, tbl_kernels, tbl_loader; v = tbl_kernels.__version__; print('tbl-kernels', v); "

@@ -127,3 +127,13 @@ def tree_form(value):
 def assert_tree_equal(got, want, where: str = "") -> None:
     """Same structure, types and values, every array element bit for bit (``where`` names the item)."""
     assert tree_form(got) == tree_form(want), where
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server on 127.0.0.1 (moto), shared by the session; skips without the remote extra or moto."""
+    from s3_server import S3Server
+
+    server = S3Server()
+    yield server
+    server.stop()

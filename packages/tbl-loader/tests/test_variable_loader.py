@@ -357,3 +357,21 @@ def test_converted_jpeg_dataset_serves(tmp_path):
     assert ja[0].shape == ra[0].shape == (12, 3, 16, 16)
     assert np.array_equal(ja[2], ra[2]) and np.array_equal(ja[1], ra[1])
     assert as_numpy(ja[0]).dtype == np.float32
+
+
+def test_a_variable_dataset_at_a_url_equals_local(raw_path, tmp_path):
+    """A URL (here a file:// store) of variable-size images is cached whole, then served as the local copy."""
+    pytest.importorskip("obstore", reason="the remote extra (tbl-loader[remote]) is not installed")
+    from tbl_loader import upload_dataset
+
+    url = (tmp_path / "store").resolve().as_uri() + "/raw/"
+    upload_dataset(raw_path, url, storage_options={"mkdir": True})
+    with loader(raw_path, 8, hflip=0.5) as ld:
+        ld.set_epoch(1)
+        want = collect(ld)
+    with loader(url, 8, hflip=0.5, cache_dir=tmp_path / "cache") as ld:
+        ld.set_epoch(1)
+        got = collect(ld)
+        assert ld.dataset.fingerprint == tbl_format.open(raw_path).fingerprint
+    for field in range(3):
+        assert np.array_equal(got[field], want[field])

@@ -11,6 +11,13 @@ Other packages register subcommands through the entry-point group
 one subparser and sets ``func=callable(args) -> int`` as its default. A plugin
 that fails to load or register is reported on stderr and skipped; the core
 subcommands keep working.
+
+URLs. ``tbl inspect URL`` and ``tbl verify URL`` (any ``scheme://...`` path)
+ask the entry-point group ``tbl.url_resolvers`` for a local copy: an entry
+point named by the URL's scheme (``s3``, ``gs``, ``https``, ...) names
+``resolve(url) -> local path``, which the command then reads as usual. This
+package stays pure stdlib: tbl-loader's ``remote`` extra provides the
+resolvers. With none installed the command fails (exit 2) naming the pip command.
 """
 
 from __future__ import annotations
@@ -28,8 +35,24 @@ from .errors import FormatError, NotRegularFileError
 from .layout import FORMAT_VERSION
 
 ENTRY_POINT_GROUP = "tbl.commands"
+URL_RESOLVER_GROUP = "tbl.url_resolvers"
 
-__all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
+__all__ = ["ENTRY_POINT_GROUP", "URL_RESOLVER_GROUP", "build_parser", "main", "resolve_path"]
+
+
+def resolve_path(path: str) -> str:
+    """``path`` itself, or for a URL the local copy its scheme's resolver returns (OSError without one)."""
+    scheme, sep, _ = path.partition("://")
+    if not sep or not scheme.isalnum():
+        return path
+    resolvers = [ep for ep in entry_points(group=URL_RESOLVER_GROUP) if ep.name == scheme.lower()]
+    if not resolvers:
+        raise OSError(f"no reader for {scheme}:// URLs is installed; install one with: "
+                      f'pip install "tbl-loader[remote]"')
+    try:
+        return str(resolvers[0].load()(path))
+    except ImportError as exc:  # the resolver's own library is missing: its message names the pip command
+        raise OSError(str(exc)) from None
 
 
 class _Progress:
@@ -101,7 +124,7 @@ def _one_line(exc: BaseException) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
-        ds = open_dataset(args.path)
+        ds = open_dataset(resolve_path(args.path))
         out = sys.stdout
         rows = len(ds)
         shard_rows = ds.segment_rows
@@ -139,7 +162,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     progress = _Progress(f"verify {args.path}")
     try:
-        ds = open_dataset(args.path)
+        ds = open_dataset(resolve_path(args.path))
         ds.verify(progress)
         rows = len(ds)
         ds.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import order
 from ._kernels import KernelsFeatureError
+from .cache import CacheFullError
 from .conversion import (
     ConvertReport,
     DestinationError,
@@ -24,6 +25,14 @@ from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
 from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
+from .storage import (
+    RemoteChecksumError,
+    RemoteError,
+    RemoteObjectMissingError,
+    RemoteSupportMissingError,
+    RemoteUnavailableError,
+)
+from .upload import upload_dataset
 from .variable_source import ImageGeometryError
 from .verify import VERIFY_MODES
 from .version import __version__
@@ -32,6 +41,7 @@ __all__ = [
     "Batch",
     "BatchPlan",
     "BatchSource",
+    "CacheFullError",
     "ConvertReport",
     "DestinationError",
     "EpochOrder",
@@ -58,6 +68,11 @@ __all__ = [
     "PyTreeDataset",
     "PyTreeLoader",
     "RandomResizedCrop",
+    "RemoteChecksumError",
+    "RemoteError",
+    "RemoteObjectMissingError",
+    "RemoteSupportMissingError",
+    "RemoteUnavailableError",
     "Resumable",
     "RingGrowthWarning",
     "SourceError",
@@ -74,4 +89,5 @@ __all__ = [
     "convert",
     "merge_parts",
     "order",
+    "upload_dataset",
 ]

@@ -7,6 +7,12 @@
                 [--force] [--max-image-bytes N] [--engine local|ray [--address A]]
     tbl convert --merge PART [PART ...] DST
 
+DST may be a URL (``s3://bucket/prefix/`` with --shard-rows or --shards, or
+``.../name.tbl``; needs ``tbl-loader[remote]``): the dataset is converted in a
+temporary local folder, then its shards are uploaded and the manifest last.
+The store is configured by its standard environment variables (for S3:
+``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...).
+
 Exit status and outcome (every error is one line on stderr naming the path and the cause):
 
     0    published; every image converted, the report written
@@ -25,6 +31,7 @@ Exit status and outcome (every error is one line on stderr naming the path and t
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import signal
 import sys
@@ -34,6 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .decode import MODES, RESAMPLE
+from .storage import is_url
 from .variable_convert import DEFAULT_QUALITY, STORES
 
 __all__ = ["register_convert", "run_convert"]
@@ -195,6 +203,10 @@ def _run(args: argparse.Namespace) -> int:
         options.update(max_size=args.max_size, store=args.store or "raw")
         if args.quality is not None:
             options["quality"] = args.quality
+    if is_url(dst):  # convert locally, upload the shards, publish the manifest last
+        from .remote_convert import convert_to_url
+
+        convert = functools.partial(convert_to_url, convert)  # the store's settings: its environment variables
     try:
         rep = convert(
             src,
@@ -218,10 +230,11 @@ def _run(args: argparse.Namespace) -> int:
         _error(f"error: {_one_line(e)}; nothing was published at {dst}")
         return EXIT_FAILED
     except (SourceError, DestinationError, ValueError, ImportError) as e:  # refused up front; ValueError: bad option
-        # values; ImportError: an optional piece the options need (the jpeg extra), named with its pip command
+        # values; ImportError: an optional piece the options need (the jpeg extra; the remote extra for a URL,
+        # RemoteSupportMissingError), named with its pip command
         _error(f"error: {_one_line(e)}; nothing was written")
         return EXIT_REFUSED
-    except OSError as e:  # a full disk, no permission, an I/O error while writing
+    except OSError as e:  # a full disk, no permission, an I/O error while writing; the store failing
         _error(f"I/O error: {_one_line(e)}; nothing was published at {dst}")
         return EXIT_FAILED
     except MemoryError:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .distributed import resolve_rank_world
-from .order import PADDING_MODES, BatchPlan, EpochOrder
+from .order import DEFAULT_BLOCK_WINDOW, PADDING_MODES, SHUFFLE_MODES, BatchPlan, EpochOrder
 from .state import StateMismatchError, StreamState, settings_fingerprint
 
 __all__ = ["Resumable", "StreamCursor", "StreamOptions"]
@@ -61,14 +61,19 @@ class StreamOptions:
     rank: int | None = None
     world_size: int | None = None
     padding: str = "wrap"
+    block_window: int = DEFAULT_BLOCK_WINDOW
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_size", _check_int("batch_size", self.batch_size, 1))
+        if self.shuffle not in SHUFFLE_MODES:
+            raise ValueError(f'shuffle must be True, False or "block", got {self.shuffle!r}')
+        object.__setattr__(self, "block_window", _check_int("block_window", self.block_window, 1))
         if self.padding not in PADDING_MODES:
             raise ValueError(f"padding must be one of {PADDING_MODES}, got {self.padding!r}")
         EpochOrder(0, self.seed, 0)  # validates the seed with the generator's own rule
         rank, world_size = resolve_rank_world(self.rank, self.world_size)
-        for name, value in (("seed", int(self.seed)), ("shuffle", bool(self.shuffle)),
+        for name, value in (("seed", int(self.seed)),
+                            ("shuffle", "block" if self.shuffle == "block" else bool(self.shuffle)),
                             ("drop_last", bool(self.drop_last)), ("rank", rank), ("world_size", world_size)):
             object.__setattr__(self, name, value)
 
@@ -77,7 +82,10 @@ class StreamOptions:
 
         Batch size, rank and world size are left out on purpose: a run may resume with any of them changed.
         """
-        return {"shuffle": self.shuffle, "drop_last": self.drop_last, "padding": self.padding}
+        settings = {"shuffle": self.shuffle, "drop_last": self.drop_last, "padding": self.padding}
+        if self.shuffle == "block":
+            settings["block_window"] = self.block_window
+        return settings
 
 
 class StreamCursor:
@@ -87,16 +95,21 @@ class StreamCursor:
     ``settings`` are the loader's own stream-changing settings (augmentation,
     keys), fingerprinted together with the options' into every ``state_dict``.
     ``accepted_dataset_fingerprints`` are older fingerprints of the same dataset
-    that saved states may still carry.
+    that saved states may still carry. ``shard_rows`` (rows per shard file) is
+    needed by ``shuffle="block"``.
     """
 
     def __init__(self, num_samples: int, options: StreamOptions, *, dataset_fingerprint: str,
                  settings: dict[str, Any] | None = None,
-                 accepted_dataset_fingerprints: tuple[str, ...] = ()) -> None:
+                 accepted_dataset_fingerprints: tuple[str, ...] = (),
+                 shard_rows: list[int] | None = None) -> None:
         if not isinstance(options, StreamOptions):
             raise TypeError(f"options must be a StreamOptions, got {type(options).__name__}")
         self.num_samples = _check_int("num_samples", num_samples, 0)
         self.options = options
+        self.shard_rows = None if shard_rows is None else tuple(int(r) for r in shard_rows)
+        if options.shuffle == "block" and (self.shard_rows is None or sum(self.shard_rows) != self.num_samples):
+            raise ValueError('shuffle="block" needs the rows of every shard (shard_rows adding up to num_samples)')
         self._dataset_fp = dataset_fingerprint
         self._accepted = (dataset_fingerprint, *accepted_dataset_fingerprints)
         self._settings_fp = settings_fingerprint({**options.stream_settings(), **(settings or {})})
@@ -168,7 +181,8 @@ class StreamCursor:
         """The rest of the current epoch for this rank, from the current position."""
         o = self.options
         return EpochOrder(self.num_samples, o.seed, self._epoch, shuffle=o.shuffle, world_size=o.world_size,
-                          rank=o.rank, padding=o.padding, start=self._consumed)
+                          rank=o.rank, padding=o.padding, start=self._consumed,
+                          shard_rows=self.shard_rows if o.shuffle == "block" else None, block_window=o.block_window)
 
     def start_pass(self) -> tuple[EpochOrder, Iterator[BatchPlan]] | None:
         """The rest of the current epoch and its batch plans, or None (after moving to the next

@@ -24,11 +24,13 @@ import tbl_format
 
 from . import order, variable_source
 from ._kernels import kernels
+from .advice import PageAdvisor
 from .cursor import StreamCursor, StreamOptions
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
+from .storage import is_url
 from .verify import verify_mode
 
 __all__ = ["Batch", "ImageLoader"]
@@ -51,9 +53,15 @@ def _label_rows(seg: np.ndarray) -> np.ndarray:
 class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
-    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None) -> None:
+    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None,
+                 dataset: Any = None, batch_size: int = 1) -> None:
         # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
         self.verify_rows = verify_rows
+        # A dataset whose shards come and go (tbl_loader.remote_dataset) maps a batch's shards first.
+        self.shards = dataset if callable(getattr(dataset, "prepare_rows", None)) else None
+        self.image_key, self.label_key = spec.image_key, spec.label_key
+        self.advisor: PageAdvisor | None = None
+        self.batch_size = batch_size
         self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
@@ -88,9 +96,22 @@ class _ImageSource:
             self._center_boxes = np.ascontiguousarray(np.broadcast_to(self.center_box, (capacity, 4)))
         return buffers
 
+    def begin_pass(self, epoch_order: Any) -> None:
+        if self.shards is not None:  # remote: the fetcher downloads the pass's shards in order
+            self.shards.schedule(epoch_order.indices)
+        elif epoch_order.shuffle == "block":  # local: page-cache advice ahead of the pass (tbl_loader.advice)
+            self.advisor = PageAdvisor(self.images, epoch_order.indices, self.batch_size)
+
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:  # no payload
         ids = plan.sample_ids
         n = ids.shape[0]
+        if self.advisor is not None:
+            self.advisor.batch(plan.number)
+        if self.shards is not None:
+            self.shards.prepare_rows(ids)
+            self.images = [s for s in self.shards.segments(self.image_key) if s.shape[0] > 0]
+            if self.labels is not None:
+                self.labels = [_label_rows(s) for s in self.shards.segments(self.label_key)]
         if self.verify_rows is not None:
             self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
         out = buffers["images"][:n]
@@ -133,6 +154,13 @@ class ImageLoader(HostLoader):
     to torch.distributed's when it is initialized. ``padding`` ("wrap" or "drop")
     evens out the ranks' shards. ``verify`` (``"never"``, ``"open"`` or
     ``"lazy"``): when data-block checksums are checked, see :mod:`tbl_loader.verify`.
+    ``shuffle``: True (one global permutation per epoch), False, or ``"block"``
+    (shards, then samples within blocks of ``block_window`` shards; see
+    :func:`tbl_loader.order.block_permutation`). ``path`` may be a URL
+    (``s3://bucket/prefix/``, ``gs://``, ``az://``, ``http(s)://``; needs
+    ``tbl-loader[remote]``): served through the shard cache (``cache_dir``,
+    ``cache_limit``), ``storage_options`` passed to the storage library; see
+    :mod:`tbl_loader.remote_dataset`.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -165,19 +193,29 @@ class ImageLoader(HostLoader):
         image_key: str = "image",
         label_key: str = "label",
         verify: str | bool = "never",
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        block_window: int = order.DEFAULT_BLOCK_WINDOW,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
                          label_key=label_key, resize=resize)
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
-                                world_size=world_size, padding=padding)
+                                world_size=world_size, padding=padding, block_window=block_window)
         if num_threads is not None:
             if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
                 raise ValueError(f"num_threads must be an int >= 1 or None, got {num_threads!r}")
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
 
-        if isinstance(path, (str, os.PathLike)):
+        if is_url(path):  # s3://, gs://, az://, http(s)://: served from the local shard cache
+            from .remote_dataset import RemoteDataset
+
+            dataset = RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                    storage_options=storage_options, verify_data=verify == "open")
+            closers = [dataset.close]
+        elif isinstance(path, (str, os.PathLike)):
             dataset = tbl_format.open(path, verify=verify == "open")
             closers = [dataset.close]
         else:
@@ -185,10 +223,18 @@ class ImageLoader(HostLoader):
         try:
             if verify != "never" and not callable(getattr(dataset, "verify_rows", None)):
                 raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
-            if verify == "open" and closers == []:
+            if verify == "open" and closers == [] and callable(getattr(dataset, "verify", None)):
                 dataset.verify()  # the caller's dataset: check it here, once
             lazy = dataset.verify_rows if verify == "lazy" else None
             if variable_source.is_variable(dataset, spec.image_key):  # tbl convert --max-size
+                if callable(getattr(dataset, "ensure_all", None)):
+                    # A URL: the variable-size path reads rows through the dataset's heaps, which a
+                    # streaming remote dataset does not map, so the whole dataset is cached first
+                    # (CacheFullError if cache_limit cannot hold it) and read as a local one.
+                    local = tbl_format.open(dataset.ensure_all(), verify=verify == "open")
+                    closers.insert(0, local.close)
+                    dataset = local
+                    lazy = dataset.verify_rows if verify == "lazy" else None
                 columns = variable_source.bind_variable(spec, dataset)
                 settings = {**spec.stream_settings(), **variable_source.stream_settings(columns)}
                 source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads)
@@ -196,9 +242,9 @@ class ImageLoader(HostLoader):
             else:
                 columns = spec.bind(dataset)
                 settings = spec.stream_settings()
-                source = _ImageSource(columns, spec, options.seed, lazy)
+                source = _ImageSource(columns, spec, options.seed, lazy, dataset, options.batch_size)
             cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
-                                  settings=settings)
+                                  settings=settings, shard_rows=getattr(dataset, "segment_rows", None))
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
         except BaseException:
             for close in closers:

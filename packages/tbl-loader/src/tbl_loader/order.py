@@ -29,6 +29,19 @@ the platform's libm or numpy's SIMD paths, whose last bits differ between
 machines. ``np.random`` is never used: its algorithms carry no stability
 guarantee across numpy versions.
 
+Block shuffle (``shuffle="block"``), for datasets larger than the cache or the
+RAM: a two-level order over the dataset's shards (files). The shards are put in
+the order of the stable argsort of ``hash(seed, epoch, TAG_BLOCK_SHARDS,
+arange(num_shards))``; consecutive groups of ``window`` shards of that order
+form blocks; within a block the samples are ordered by the stable argsort of
+``hash(seed, epoch, TAG_BLOCK_SAMPLES, sample_id)``. So at most ``window``
+shards are live at a time, and which shards come next is known in advance
+(Mosaic streaming's ``py1e`` and FFCV's ``QUASI_RANDOM`` are the same idea:
+shuffle the shards, then the samples within a bounded window of them). The
+result is a permutation like the global one, a pure function of ``(seed,
+epoch)`` and the shards' row counts, and goes through the same rank split and
+resume below.
+
 Sharding: one global permutation per epoch. A run that has consumed ``start``
 global positions serves the rest ``R = perm[start:]``; rank ``r`` of ``W``
 takes positions ``r, r + W, r + 2W, ...`` of ``R`` (padded at the end by
@@ -50,14 +63,20 @@ import numpy as np
 
 __all__ = [
     "BatchPlan",
+    "DEFAULT_BLOCK_WINDOW",
     "EpochOrder",
     "ORDER_VERSION",
+    "SHUFFLE_MODES",
+    "TAG_BLOCK_SAMPLES",
+    "TAG_BLOCK_SHARDS",
     "TAG_CROP_LEFT",
     "TAG_CROP_RATIO",
     "TAG_CROP_SCALE",
     "TAG_CROP_TOP",
     "TAG_FLIP",
     "TAG_PERMUTATION",
+    "block_permutation",
+    "block_shards",
     "center_crop_box",
     "epoch_permutation",
     "flip_draws",
@@ -75,9 +94,14 @@ TAG_CROP_SCALE = 16  # + attempt (0..9)
 TAG_CROP_RATIO = 32  # + attempt (0..9)
 TAG_CROP_TOP = 48
 TAG_CROP_LEFT = 49
+TAG_BLOCK_SHARDS = 64
+TAG_BLOCK_SAMPLES = 65
 CROP_ATTEMPTS = 10
 
 PADDING_MODES = ("wrap", "drop")
+SHUFFLE_MODES = (False, True, "block")
+DEFAULT_BLOCK_WINDOW = 4
+"""Shards whose samples are shuffled together by ``shuffle="block"`` (and live at once)."""
 
 _G = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -162,6 +186,39 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int, *, shuffle: bool 
         return np.arange(num_samples, dtype=np.int64)
     keys = hash_u64(seed, epoch, TAG_PERMUTATION, np.arange(num_samples, dtype=np.uint64))
     return np.argsort(keys, kind="stable").astype(np.int64, copy=False)
+
+
+def block_permutation(shard_rows, seed: int, epoch: int, window: int = DEFAULT_BLOCK_WINDOW) -> np.ndarray:
+    """The epoch's block-shuffled order (see the module docstring): int64 array of every sample id once.
+
+    ``shard_rows``: the row count of each shard, in dataset order (shard ``k``
+    holds the ids ``sum(shard_rows[:k]) ..``). ``window``: shards per block (>= 1).
+    """
+    rows = np.asarray(shard_rows, dtype=np.int64).reshape(-1)
+    if rows.size and rows.min() < 0:
+        raise ValueError("shard row counts must be >= 0")
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"block window must be an int >= 1, got {window!r}")
+    starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    shard_keys = hash_u64(seed, epoch, TAG_BLOCK_SHARDS, np.arange(rows.shape[0], dtype=np.uint64))
+    shard_order = np.argsort(shard_keys, kind="stable")
+    out = np.empty(int(starts[-1]), dtype=np.int64)
+    pos = 0
+    for b in range(0, shard_order.shape[0], int(window)):
+        block = shard_order[b : b + int(window)]
+        ids = np.concatenate([np.arange(starts[k], starts[k + 1], dtype=np.int64) for k in block])
+        keys = hash_u64(seed, epoch, TAG_BLOCK_SAMPLES, ids)
+        out[pos : pos + ids.shape[0]] = ids[np.argsort(keys, kind="stable")]
+        pos += ids.shape[0]
+    return out
+
+
+def block_shards(shard_rows, seed: int, epoch: int, window: int = DEFAULT_BLOCK_WINDOW) -> list[list[int]]:
+    """The blocks of ``shuffle="block"``: lists of shard indices, in the order the epoch reads them."""
+    n = len(shard_rows)
+    keys = hash_u64(seed, epoch, TAG_BLOCK_SHARDS, np.arange(n, dtype=np.uint64))
+    shard_order = [int(k) for k in np.argsort(keys, kind="stable")]
+    return [shard_order[b : b + int(window)] for b in range(0, n, int(window))]
 
 
 def flip_draws(seed: int, epoch: int, sample_ids, p: float) -> np.ndarray:
@@ -345,13 +402,20 @@ class EpochOrder:
     num_samples: int
     seed: int
     epoch: int
-    shuffle: bool = True
+    shuffle: bool | str = True
     world_size: int = 1
     rank: int = 0
     padding: str = "wrap"
     start: int = 0
+    shard_rows: tuple[int, ...] | None = None  # shuffle="block": the rows of each shard
+    block_window: int = DEFAULT_BLOCK_WINDOW
 
     def __post_init__(self) -> None:
+        if self.shuffle not in SHUFFLE_MODES:
+            raise ValueError(f'shuffle must be True, False or "block", got {self.shuffle!r}')
+        if self.shuffle == "block":
+            if self.shard_rows is None or sum(self.shard_rows) != self.num_samples:
+                raise ValueError('shuffle="block" needs shard_rows that add up to num_samples')
         if self.num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {self.num_samples}")
         _check_u64("seed", self.seed)
@@ -368,6 +432,8 @@ class EpochOrder:
     @cached_property
     def permutation(self) -> np.ndarray:
         """The whole epoch's global order (int64)."""
+        if self.shuffle == "block":
+            return block_permutation(self.shard_rows, self.seed, self.epoch, self.block_window)
         return epoch_permutation(self.num_samples, self.seed, self.epoch, shuffle=self.shuffle)
 
     @property

@@ -162,7 +162,10 @@ class HostPipeline:
         started = cursor.start_pass()
         if started is None:
             return iter(())
-        _, plans = started
+        epoch_order, plans = started
+        begin = getattr(self.source, "begin_pass", None)
+        if begin is not None:  # a source that fetches ahead learns the pass's order first
+            begin(epoch_order)
         # The closures capture locals only (never self): the producer thread must not keep the pipeline alive.
         source, capacity, output = self.source, self.capacity, self.output
         if self._ring is None:

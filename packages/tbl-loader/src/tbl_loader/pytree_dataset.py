@@ -33,6 +33,7 @@ import tbl_format
 from tbl_format import DEFAULT_MAX_OPEN
 
 from .pytree_batch import Collator, RowSource
+from .storage import is_url
 
 __all__ = ["PyTreeDataset", "as_indices"]
 
@@ -87,6 +88,9 @@ class PyTreeDataset:
     ``verify``: check every data checksum of every shard whenever the dataset is
     opened (on creation, and again in a process that maps it after pickling or
     ``close()``).
+    A URL (``s3://bucket/prefix/``, needs ``tbl-loader[remote]``) is downloaded
+    whole into the shard cache (``cache_dir``, ``cache_limit``, which must hold
+    it; ``storage_options`` for the store) and served from there.
 
     Return types of ``ds[i]``: int leaves -> ``int``, float -> ``float``, bool ->
     ``bool``, str -> ``str``, bytes and encoded images -> ``bytes``, var_list ->
@@ -105,7 +109,16 @@ class PyTreeDataset:
         copy_arrays: bool = False,
         max_open: int = DEFAULT_MAX_OPEN,
         verify: bool = False,
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
+        if is_url(path):  # random access reads any shard: the whole dataset comes into the cache
+            from .remote_dataset import materialize
+
+            self.url = path
+            path = materialize(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                               verify_data=verify)
         self.path = Path(path)
         self._leaves = None if leaves is None else list(leaves)
         self._var = var

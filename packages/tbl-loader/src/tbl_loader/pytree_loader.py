@@ -27,6 +27,7 @@ from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
 from .pytree_batch import Collator, Masked, Padded, RowSource
 from .state import pytree_fingerprint_v0_1
+from .storage import is_url
 from .verify import verify_mode
 
 __all__ = ["PyTreeLoader"]
@@ -74,6 +75,8 @@ class PyTreeLoader(HostLoader):
     :class:`tbl_loader.cursor.StreamCursor` and :class:`tbl_loader.pipeline.HostPipeline`).
     ``leaves`` selects leaf paths; ``max_open`` bounds the shards mapped at once;
     ``verify`` (``"never"``, ``"open"``, ``"lazy"``) is as in ImageLoader (:mod:`tbl_loader.verify`).
+    ``shuffle="block"`` is as in ImageLoader. A URL ``path`` is downloaded whole into the shard
+    cache (``cache_dir``, ``cache_limit``, ``storage_options``; needs ``tbl-loader[remote]``).
 
     Ring buffers are reused only after every view of a batch was dropped; keep
     copies rather than batches if you store them.
@@ -99,9 +102,17 @@ class PyTreeLoader(HostLoader):
         return_indices: bool = False,
         max_open: int = tbl_format.DEFAULT_MAX_OPEN,
         verify: str | bool = "never",
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+        if is_url(path):  # the whole dataset comes into the shard cache, as for PyTreeDataset
+            from .remote_dataset import materialize
+
+            path = materialize(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                               verify_data=verify_mode(verify) == "open")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
@@ -110,7 +121,8 @@ class PyTreeLoader(HostLoader):
         try:
             collator = Collator(source.schema, leaves, var)
             cursor = StreamCursor(source.num_rows, options, dataset_fingerprint=source.dataset.fingerprint,
-                                  accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),))
+                                  accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),),
+                                  shard_rows=source.dataset.segment_rows)
             pipeline = HostPipeline(_PyTreeSource(source, collator, verify_lazily=verify == "lazy"), output,
                                     capacity=options.batch_size,
                                     prefetch=prefetch, closers=[source.close])

@@ -1,0 +1,137 @@
+"""Out-of-core serving: images/s of ImageLoader on a local dataset several times the memory it may use.
+
+    python -m tbl_bench.out_of_core [--images 8000] [--size 160] [--limit-mb 160] [--epochs 3]
+
+One dataset of random uint8 images (``--images`` of ``--size``^2 x 3, shards of
+``--shard-rows``) is written once; then each configuration runs in its own
+subprocess, in this order, in the same run:
+
+- ``in-RAM``: global shuffle, no memory limit (the dataset stays in the page cache);
+- ``block, limited``: ``shuffle="block"`` inside a cgroup (v1 ``memory`` or v2)
+  whose limit (``--limit-mb``, page cache included) is about a quarter of the
+  dataset;
+- ``global, limited``: ``shuffle=True`` in the same limit.
+
+Before each limited run the dataset's pages are dropped from the page cache
+(``posix_fadvise(DONTNEED)`` on its files), so what the child reads comes from
+disk and is charged to its own cgroup. Each child times ``--epochs`` epochs
+(uint8 HWC batches of 128, numpy output, so torch is not loaded; the limit covers the
+process's own memory, about 70 MiB with the batch ring, as well as the page cache)
+and the report gives the median images/s of the epochs after the first.
+Creating a cgroup needs root; without it the limited runs are reported as
+skipped, not run unlimited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD = r"""
+import json, os, sys, time
+path, shuffle, epochs, cgroup = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if cgroup != "-":
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    for name in sorted(os.listdir(path)):
+        fd = os.open(os.path.join(path, name), os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+from tbl_loader import ImageLoader
+shuffle = "block" if shuffle == "block" else True
+rates = []
+with ImageLoader(path, batch_size=128, shuffle=shuffle, seed=0, backend="numpy", dtype="uint8",
+                 layout="HWC") as loader:
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        t, n = time.perf_counter(), 0
+        for batch in loader:
+            n += batch.images.shape[0]
+        rates.append(n / (time.perf_counter() - t))
+print(json.dumps(rates))
+"""
+
+
+def _make_cgroup(limit_bytes: int) -> Path | None:
+    """A fresh memory cgroup with ``limit_bytes`` (page cache included), or None where it cannot be made."""
+    name = f"tbl-bench-ooc-{os.getpid()}"
+    for root, limit_file in ((Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"),
+                             (Path("/sys/fs/cgroup"), "memory.max")):
+        if not (root / limit_file).exists() and not (root / "cgroup.controllers").exists():
+            continue
+        try:
+            group = root / name
+            group.mkdir()
+            (group / limit_file).write_text(str(limit_bytes))
+            return group
+        except OSError:
+            continue
+    return None
+
+
+def _run_child(path: Path, shuffle: str, epochs: int, cgroup: Path | None) -> list[float]:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path), shuffle, str(epochs), str(cgroup or "-")],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tbl_bench.out_of_core", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=8000)
+    ap.add_argument("--size", type=int, default=160)
+    ap.add_argument("--shard-rows", type=int, default=250)
+    ap.add_argument("--limit-mb", type=int, default=160)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args(argv)
+
+    import numpy as np
+
+    import tbl_format
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tbl-ooc-"))
+    path = work / "ds"
+    if not (path / "manifest.json").exists():
+        rng = np.random.default_rng(0)
+        shape = (args.size, args.size, 3)
+        samples = ({"image": rng.integers(0, 256, shape, dtype=np.uint8), "label": np.int64(i % 1000)}
+                   for i in range(args.images))
+        tbl_format.write(samples, path, shard_rows=args.shard_rows)
+    data_mb = sum(p.stat().st_size for p in path.iterdir()) / 2**20
+    print(f"dataset: {args.images} images {args.size}x{args.size}x3, {data_mb:.0f} MiB in "
+          f"{len(list(path.glob('*.tbl')))} shards; memory limit {args.limit_mb} MiB "
+          f"({data_mb / args.limit_mb:.1f}x smaller than the dataset)")
+    results: dict[str, float | None] = {}
+    results["in-RAM (global, no limit)"] = statistics.median(_run_child(path, "global", args.epochs, None)[1:])
+    for label, shuffle in (("block, limited", "block"), ("global, limited", "global")):
+        group = _make_cgroup(args.limit_mb << 20)
+        if group is None:
+            results[label] = None
+            continue
+        try:
+            results[label] = statistics.median(_run_child(path, shuffle, args.epochs, group)[1:])
+        finally:
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+    base = results["in-RAM (global, no limit)"]
+    for label, rate in results.items():
+        if rate is None:
+            print(f"{label:28s} skipped (no memory cgroup could be created; run as root)")
+        else:
+            print(f"{label:28s} {rate:10.0f} images/s  {rate / base:5.2f}x in-RAM")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Remote serving: cold first epoch and warm second epoch from a loopback S3 server, TBL vs litdata.
+
+    python -m tbl_bench.remote [--images 4000] [--size 96] [--shard-rows 250]
+
+Needs ``tbl-loader[remote]``, ``moto[server]`` and (for the peer) ``litdata``.
+Starts moto's S3 server on 127.0.0.1, writes the same random uint8 images once
+as a TBL dataset and once as a litdata dataset (``litdata.optimize``, chunks of
+about the TBL shard's size), uploads both to the server, then runs each
+configuration in its own subprocess with a fresh cache:
+
+- ``TBL local``: ImageLoader on the local TBL copy (the warm reference);
+- ``TBL remote``: ImageLoader on the S3 URL, ``shuffle="block"``;
+- ``litdata remote``: ``StreamingDataset`` + ``StreamingDataLoader`` on the S3 URL,
+  ``shuffle=True`` (its chunk-then-sample shuffle), ``num_workers=0``.
+
+Every configuration yields uint8 HWC batches of 128 and touches every batch;
+epoch 1 is cold (nothing cached); warm is the median of epochs 2 to 4. Images/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+kind, where, cache, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+rates = []
+if kind.startswith("tbl"):
+    from tbl_loader import ImageLoader
+    extra = {} if kind == "tbl-local" else {"cache_dir": cache, "storage_options": opts["tbl"]}
+    loader = ImageLoader(where, batch_size=128, shuffle="block", seed=0, backend="numpy", dtype="uint8",
+                         layout="HWC", **extra)
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        t, n = time.perf_counter(), 0
+        for b in loader:
+            n += int(np.asarray(b.images)[:, 0, 0, 0].shape[0])
+        rates.append(n / (time.perf_counter() - t))
+    loader.close()
+else:
+    from litdata import StreamingDataLoader, StreamingDataset
+    import litdata.streaming.downloader as lit_downloader
+    from obstore.store import S3Store
+    build = lit_downloader._build_obstore_s3_store
+    def with_http(bucket, client):  # the loopback server speaks plain HTTP (real S3 is HTTPS)
+        store = build(bucket, client)
+        config = {k: v for k, v in store.config.items() if k not in ("bucket", "aws_bucket")}
+        return S3Store(bucket, config=config, client_options={"allow_http": True},
+                       credential_provider=store.credential_provider)
+    lit_downloader._build_obstore_s3_store = with_http
+    ds = StreamingDataset(where, cache_dir=cache, shuffle=True, seed=0, storage_options=opts["litdata"])
+    dl = StreamingDataLoader(ds, batch_size=128, num_workers=0)
+    for epoch in range(4):
+        t, n = time.perf_counter(), 0
+        for b in dl:
+            n += int(np.asarray(b["image"])[:, 0, 0, 0].shape[0])
+        rates.append(n / (time.perf_counter() - t))
+print(json.dumps(rates))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _litdata_item(item: tuple[str, int]) -> dict:  # module level: litdata's workers import it
+    import numpy as np
+
+    path, i = item
+    return {"image": np.array(np.load(path, mmap_mode="r")[i]), "label": i}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tbl_bench.remote", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=4000)
+    ap.add_argument("--size", type=int, default=96)
+    ap.add_argument("--shard-rows", type=int, default=250)
+    args = ap.parse_args(argv)
+
+    import boto3
+    import numpy as np
+    from litdata import optimize
+    from moto.server import ThreadedMotoServer
+
+    import tbl_format
+    from tbl_loader import upload_dataset
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    keys = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}
+    tbl_opts = {**keys, "region": "us-east-1", "endpoint": endpoint, "client_options": {"allow_http": True}}
+    lit_opts = {**keys, "endpoint_url": endpoint, "region_name": "us-east-1"}
+    work = Path(tempfile.mkdtemp(prefix="tbl-remote-bench-"))
+    try:
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **keys)
+        s3.create_bucket(Bucket="bench")
+        rng = np.random.default_rng(0)
+        images = rng.integers(0, 256, (args.images, args.size, args.size, 3), dtype=np.uint8)
+        np.save(work / "images.npy", images)
+        tbl_path = tbl_format.write(({"image": images[i], "label": np.int64(i)} for i in range(args.images)),
+                                    work / "tbl", shard_rows=args.shard_rows)
+        upload_dataset(tbl_path, "s3://bench/tbl/", storage_options=tbl_opts)
+        shard_mb = max(p.stat().st_size for p in tbl_path.glob("*.tbl")) / 1e6
+        optimize(fn=_litdata_item, inputs=[(str(work / "images.npy"), i) for i in range(args.images)], output_dir=str(work / "lit"),
+                 chunk_bytes=f"{max(1, int(shard_mb))}MB", num_workers=1)
+        for p in (work / "lit").iterdir():
+            s3.upload_file(str(p), "bench", f"lit/{p.name}")
+        tbl_mb = sum(p.stat().st_size for p in tbl_path.iterdir()) / 1e6
+        lit_mb = sum(p.stat().st_size for p in (work / "lit").iterdir()) / 1e6
+        print(f"{args.images} images {args.size}x{args.size}x3 uint8; TBL {tbl_mb:.0f} MB, litdata {lit_mb:.0f} MB "
+              f"on the loopback S3 server")
+        opts = json.dumps({"tbl": tbl_opts, "litdata": lit_opts})
+        results = {}
+        for label, kind, where in (("TBL local", "tbl-local", str(tbl_path)),
+                                   ("TBL remote", "tbl-remote", "s3://bench/tbl/"),
+                                   ("litdata remote", "litdata", "s3://bench/lit/")):
+            cache = tempfile.mkdtemp(dir=work, prefix="cache-")
+            env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
+                   "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+                   "AWS_ALLOW_HTTP": "true"}  # litdata's own obstore store reads it (plain-HTTP loopback server)
+            out = subprocess.run([sys.executable, "-c", CHILD, kind, where, cache, opts], capture_output=True,
+                                 text=True, env=env)
+            if out.returncode != 0:
+                print(f"{label}: failed:\n{out.stderr[-3000:]}")
+                continue
+            results[label] = json.loads(out.stdout.strip().splitlines()[-1])
+        results = {label: (rates[0], statistics.median(rates[1:])) for label, rates in results.items()}
+        for label, (cold, warm) in results.items():
+            print(f"{label:16s} cold {cold:9.0f} images/s   warm {warm:9.0f} images/s")
+        if "TBL remote" in results and "litdata remote" in results:
+            print(f"cold TBL/litdata: {results['TBL remote'][0] / results['litdata remote'][0]:.2f}x")
+        if "TBL remote" in results and "TBL local" in results:
+            print(f"warm TBL remote / TBL local: {results['TBL remote'][1] / results['TBL local'][1]:.2f}x")
+    finally:
+        server.stop()
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""A background fetcher: downloads, into the shard cache, the shards an epoch's order will need next.
+
+The loader hands it the order of the rest of the epoch as a sequence of shard
+indices (each shard once, in the order the batches first touch it) and tells
+it, batch by batch, which position of that sequence it has reached. The
+fetcher keeps at most ``lookahead`` shards ahead of that position downloaded
+or downloading, with at most ``concurrency`` downloads at a time: bounded
+disk (``lookahead`` shards) and bounded connections. A download that fails is
+not retried here: the loader fetches the shard itself when it needs it and
+raises the error then, in the consumer's ``next()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+__all__ = ["Fetcher"]
+
+
+class Fetcher:
+    """Prefetches shards in order (see the module docstring). ``fetch(k)`` downloads shard ``k`` into the cache."""
+
+    def __init__(self, fetch: Callable[[int], object], *, lookahead: int = 4, concurrency: int = 4) -> None:
+        if lookahead < 0 or concurrency < 1:
+            raise ValueError(f"need lookahead >= 0 and concurrency >= 1, got {lookahead}, {concurrency}")
+        self._fetch = fetch
+        self.lookahead = lookahead
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="tbl-fetcher")
+        self._lock = threading.Lock()
+        self._sequence: list[int] = []
+        self._where: dict[int, int] = {}
+        self._next = 0  # next position of the sequence to submit
+        self._pending: dict[int, Future] = {}
+        self._generation = 0
+        self._closed = False
+
+    def schedule(self, shards: list[int]) -> None:
+        """A new order: the shards the rest of the epoch reads, in order (forgets the previous one)."""
+        with self._lock:
+            self._generation += 1
+            self._sequence = list(shards)
+            self._where = {k: i for i, k in enumerate(self._sequence)}
+            self._next = 0
+        self.reached(self._sequence[:1])
+
+    def reached(self, shards: list[int]) -> None:
+        """The loader is reading ``shards`` now: keep the next ``lookahead`` shards of the sequence coming."""
+        with self._lock:
+            if self._closed:
+                return
+            pos = max((self._where.get(k, -1) for k in shards), default=-1)
+            self._pending = {k: f for k, f in self._pending.items() if not f.done()}
+            limit = min(len(self._sequence), pos + 1 + self.lookahead)
+            self._next = max(self._next, pos + 1)
+            while self._next < limit:
+                k = self._sequence[self._next]
+                self._next += 1
+                if k not in self._pending:
+                    self._pending[k] = self._pool.submit(self._quiet_fetch, k)
+
+    def _quiet_fetch(self, k: int) -> None:
+        try:
+            self._fetch(k)
+        except Exception:
+            pass  # reported by the loader's own fetch of this shard, on the consumer's side
+
+    def wait(self) -> None:
+        """Block until every download submitted so far has finished (tests and benchmarks)."""
+        with self._lock:
+            pending = list(self._pending.values())
+        for f in pending:
+            f.exception()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for f in self._pending.values():
+                f.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)

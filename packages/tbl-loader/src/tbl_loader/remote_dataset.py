@@ -1,0 +1,245 @@
+"""RemoteDataset: a TBL dataset at a URL, served from the local shard cache with few shards mapped at a time.
+
+Opening reads the manifest first (from the store, every time: it is small, and
+a dataset republished under the same URL must be seen as such) and keeps it in
+the cache; shards are downloaded lazily, through :class:`~tbl_loader.cache.ShardCache`
+(checked, renamed into place, shared by the node's processes, evicted LRU by
+unlink within ``cache_limit``).
+
+To the loaders it looks like a ``tbl_format.Dataset`` (``leaf_paths``,
+``schema``, ``metadata``, ``fingerprint`` -- the same as the local copy's --,
+``segment_rows``, ``segments``, ``verify_rows``, ``close``), plus two calls the
+image loader makes on its producer thread:
+
+- ``schedule(indices)`` at the start of a pass: the rest of the epoch's sample
+  ids in order. The background :class:`~tbl_loader.fetcher.Fetcher` downloads
+  the shards in the order they will be needed, ``lookahead`` shards ahead.
+- ``prepare_rows(rows)`` before each batch: every shard holding ``rows`` is
+  downloaded (if needed) and mapped, shards no batch needs now are unmapped
+  beyond ``max_mapped``; the returned ``segments`` then hold real columns for
+  every shard the batch reads.
+
+Shards not mapped appear in ``segments`` as zero-filled placeholders of the
+right shape (anonymous memory that costs no RAM until written, and is never
+read: ``prepare_rows`` maps every shard a batch reads before the batch's
+kernel call). A single ``.tbl`` file at a URL is downloaded whole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+
+from .cache import CacheFullError, ShardCache
+from .fetcher import Fetcher
+from .storage import open_store
+
+__all__ = ["RemoteDataset", "materialize", "open_remote"]
+
+MANIFEST = "manifest.json"
+
+
+class RemoteDataset:
+    """A dataset directory (``.../prefix/`` with ``manifest.json``) or one ``.tbl`` file at a URL.
+
+    ``cache_dir`` / ``cache_limit``: see :class:`~tbl_loader.cache.ShardCache`.
+    ``storage_options``: passed to the storage library (endpoint, region,
+    credentials profile, client options). ``verify_data``: check every data
+    block's CRC-32 of each downloaded shard before it enters the cache (the
+    header and table checksums are always checked). ``lookahead``: shards the
+    fetcher keeps downloaded ahead of the reader; ``concurrency``: parallel
+    downloads; ``max_mapped``: shards kept mapped when no batch needs them (default:
+    as many as ``cache_limit`` holds, so unlinked-but-mapped files stay within it too; all
+    without a limit).
+    """
+
+    def __init__(self, url: str, *, cache_dir: Any = None, cache_limit: Any = None,
+                 storage_options: dict[str, Any] | None = None, verify_data: bool = False,
+                 lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None) -> None:
+        self.url = url
+        self.cache = ShardCache(cache_dir, cache_limit)
+        self.verify_data = bool(verify_data)
+        self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
+        base, _, name = url.rpartition("/") if single else (url, "", "")
+        self.store = open_store(base, storage_options)
+        self.local_dir = self.cache.dataset_dir(url, storage_options)
+        if single:
+            entry = {"file": name, "rows": None, "header_crc32": None, "size": self.store.size(name)}
+            self.cache.store_manifest(self.local_dir, _file_list(name), name=".tbl-cache-files.json")
+            path = self.cache.fetch(self.store, self.local_dir, entry, verify_data=self.verify_data)
+            self._meta = tbl_format.open(path)
+            self._entries = [{**self._meta.shard_entries[0], "size": entry["size"]}]
+        else:
+            self.cache.store_manifest(self.local_dir, self.store.read_bytes(MANIFEST))
+            self._meta = tbl_format.open(self.local_dir)  # reads the manifest only
+            self._entries = self._meta.shard_entries
+        rows = self._meta.segment_rows
+        if max_mapped is None:  # as many as the cache holds: a warm cache serves with no map churn
+            largest = max((e.get("size") or 0 for e in self._entries), default=0) or 1
+            limit = self.cache.limit
+            max_mapped = len(self._entries) if limit is None else max(1, limit // largest)
+        self.max_mapped = max(1, int(max_mapped))
+        self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
+        self._lock = threading.RLock()
+        self._mapped: OrderedDict[int, Any] = OrderedDict()  # shard -> open single-file tbl_format.Dataset
+        self._templates: dict[str, np.ndarray] = {}
+        self._placeholders: dict[str, np.ndarray] = {}
+        # Downloads ahead stay within what the cache holds besides the shards being read.
+        lookahead = min(lookahead, max(0, self.max_mapped - 1))
+        self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
+        self._closed = False
+
+    # ---- what the manifest says ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    schema = property(lambda self: self._meta.schema)
+    metadata = property(lambda self: self._meta.metadata)
+    fingerprint = property(lambda self: self._meta.fingerprint, doc="The local copy's ``Dataset.fingerprint``.")
+    leaf_paths = property(lambda self: self._meta.leaf_paths)
+    segment_rows = property(lambda self: self._meta.segment_rows)
+    shard_entries = property(lambda self: [dict(e) for e in self._entries])
+
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        """The shard index of every row (int64)."""
+        return np.searchsorted(self._starts, np.asarray(rows, dtype=np.int64), side="right") - 1
+
+    # ---- shards -------------------------------------------------------------------------------------
+    def _prefetch(self, k: int) -> None:
+        if self._entries[k]["rows"]:
+            self.cache.fetch(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data)
+
+    def _map(self, k: int) -> Any:
+        """Shard ``k`` open (downloaded first if it is not cached); most recently used."""
+        shard = self._mapped.get(k)
+        if shard is not None:
+            self._mapped.move_to_end(k)
+            return shard
+        entry = self._entries[k]
+        with self.cache.holding(self.store, self.local_dir, entry, verify_data=self.verify_data) as path:
+            shard = tbl_format.open(path)  # mapped under the shard's lock: no process evicts it first
+        self._mapped[k] = shard
+        return shard
+
+    def _unmap_beyond(self, keep: set[int]) -> None:
+        for k in list(self._mapped):
+            if len(self._mapped) <= self.max_mapped:
+                break
+            if k not in keep:
+                self._mapped.pop(k).close()  # the map goes when the last view of it goes
+
+    def prepare_rows(self, rows: Any) -> None:
+        """Map every shard holding ``rows`` (downloading what is not cached); tell the fetcher where we are."""
+        shards = np.unique(self.shard_of(rows))
+        with self._lock:
+            for k in shards.tolist():
+                self._map(int(k))
+            self._unmap_beyond(set(shards.tolist()))
+        self.fetcher.reached(shards.tolist())
+
+    def schedule(self, indices: Any) -> None:
+        """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""
+        ids = np.asarray(indices, dtype=np.int64)
+        shards = self.shard_of(ids)
+        _, first = np.unique(shards, return_index=True)
+        self.fetcher.schedule([int(shards[i]) for i in np.sort(first)])
+
+    def _template(self, leaf: str) -> np.ndarray:
+        """One real column of ``leaf`` (its dtype and row shape), from the first non-empty shard."""
+        template = self._templates.get(leaf)
+        if template is None:
+            k = next((k for k, e in enumerate(self._entries) if e["rows"]), 0)
+            with self._lock:
+                template = self._map(k).segments(leaf)[0]
+            self._templates[leaf] = template = template[:0]
+        return template
+
+    def _placeholder(self, leaf: str, rows: int) -> np.ndarray:
+        template = self._template(leaf)
+        big = self._placeholders.get(leaf)
+        if big is None or big.shape[0] < rows:
+            # np.zeros of a large size is calloc'ed: untouched pages cost address space, not memory.
+            big = self._placeholders[leaf] = np.zeros((max(self._meta.segment_rows), *template.shape[1:]),
+                                                      dtype=template.dtype)
+        return big[:rows]
+
+    def segments(self, leaf: str) -> list[Any]:
+        """Column views of fixed-size ``leaf``, one per shard: real for mapped shards, placeholders otherwise."""
+        self._template(leaf)
+        rows = self._meta.segment_rows
+        with self._lock:
+            return [self._mapped[k].segments(leaf)[0] if k in self._mapped else self._placeholder(leaf, rows[k])
+                    for k in range(len(rows))]
+
+    def verify_rows(self, rows: list[int], leaves: list[str] | None = None) -> None:
+        """``tbl_format.Dataset.verify_rows`` shard by shard (the shards are mapped first)."""
+        ids = np.asarray(rows, dtype=np.int64)
+        shards = self.shard_of(ids)
+        with self._lock:
+            for k in np.unique(shards).tolist():
+                local = (ids[shards == k] - self._starts[k]).tolist()
+                self._map(int(k)).verify_rows(local, leaves)
+
+    def ensure_all(self) -> Path:
+        """Download every shard into the cache; the local dataset path (the folder, or the one file).
+
+        The whole dataset must fit ``cache_limit`` (CacheFullError otherwise): what is
+        returned is then read as an ordinary local dataset.
+        """
+        total = sum(e.get("size") or 0 for e in self._entries)
+        if self.cache.limit is not None and total > self.cache.limit:
+            raise CacheFullError(f"{self.url}: the whole dataset ({total} bytes) does not fit cache_limit "
+                                 f"({self.cache.limit} bytes); raise the limit, or stream it with ImageLoader")
+        for k in range(len(self._entries)):
+            self._prefetch(k)
+        return self.local_dir / self._entries[0]["file"] if self._single else self.local_dir
+
+    @property
+    def mapped_shards(self) -> list[int]:
+        return list(self._mapped)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.fetcher.close()
+        with self._lock:
+            for shard in self._mapped.values():
+                shard.close()
+            self._mapped.clear()
+        self._meta.close()
+
+    def __enter__(self) -> RemoteDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _file_list(name: str) -> bytes:
+    import json
+
+    return json.dumps({"shards": [{"file": name}]}).encode("utf-8")
+
+
+def open_remote(url: str, **options: Any) -> RemoteDataset:
+    """A :class:`RemoteDataset` for ``url`` (keywords as its constructor's)."""
+    return RemoteDataset(url, **options)
+
+
+def materialize(url: str, **options: Any) -> Path:
+    """The whole dataset at ``url`` in the local cache (downloaded as needed); its local path.
+
+    The resolver of ``tbl inspect URL`` / ``tbl verify URL`` (entry point group
+    ``tbl.url_resolvers``), and what ``PyTreeDataset(URL)`` reads. The store is
+    configured by its standard environment variables when ``storage_options``
+    is not given.
+    """
+    with RemoteDataset(url, **options) as remote:
+        return remote.ensure_all()

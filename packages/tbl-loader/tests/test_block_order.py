@@ -1,0 +1,171 @@
+"""shuffle="block": shards, then samples within a window of shards; same rank split and elastic resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_images, write_dataset
+
+from tbl_loader import EpochOrder, ImageLoader, order
+
+SHARDS = [40, 0, 17, 40, 33, 40, 1, 25]
+
+
+def _blocks_of(perm, shard_rows, window, seed, epoch):
+    starts = np.concatenate([[0], np.cumsum(shard_rows)])
+    shard_of = np.searchsorted(starts, perm, side="right") - 1
+    return shard_of, order.block_shards(shard_rows, seed, epoch, window)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 8])
+def test_every_sample_once_and_only_window_shards_per_block(window):
+    total = sum(SHARDS)
+    for epoch in range(3):
+        perm = order.block_permutation(SHARDS, 7, epoch, window)
+        assert np.array_equal(np.sort(perm), np.arange(total))
+        shard_of, blocks = _blocks_of(perm, SHARDS, window, 7, epoch)
+        pos = 0
+        for block in blocks:
+            size = sum(SHARDS[k] for k in block)
+            assert set(shard_of[pos : pos + size].tolist()) <= set(block)
+            pos += size
+        assert pos == total
+
+
+def test_pure_function_of_seed_and_epoch():
+    a = order.block_permutation(SHARDS, 3, 1, 2)
+    assert np.array_equal(a, order.block_permutation(SHARDS, 3, 1, 2))
+    assert not np.array_equal(a, order.block_permutation(SHARDS, 3, 2, 2))
+    assert not np.array_equal(a, order.block_permutation(SHARDS, 4, 1, 2))
+    # The shard order itself changes with the epoch, and samples within a block are shuffled.
+    assert order.block_shards(SHARDS, 3, 1, 2) != order.block_shards(SHARDS, 3, 2, 2)
+    assert not np.array_equal(a, np.sort(a))
+
+
+def test_rank_split_and_world_size_change_lose_and_repeat_nothing():
+    n = sum(SHARDS)
+    rows = tuple(SHARDS)
+    full = EpochOrder(n, 9, 2, shuffle="block", shard_rows=rows, padding="drop").indices
+    # 2 ranks interleave to exactly the 1-rank order.
+    two = [EpochOrder(n, 9, 2, shuffle="block", shard_rows=rows, world_size=2, rank=r, padding="drop").indices
+           for r in range(2)]
+    merged = np.empty(two[0].size * 2, dtype=np.int64)
+    merged[0::2], merged[1::2] = two
+    assert np.array_equal(merged, full[: merged.size])
+    # 3 ranks take 60 positions, then 2 ranks resume: every sample exactly once.
+    three = [EpochOrder(n, 9, 2, shuffle="block", shard_rows=rows, world_size=3, rank=r).indices[:20]
+             for r in range(3)]
+    rest = [EpochOrder(n, 9, 2, shuffle="block", shard_rows=rows, world_size=2, rank=r, start=60).indices
+            for r in range(2)]
+    seen = np.concatenate(three + rest)
+    assert np.array_equal(np.sort(seen), np.arange(n))
+
+
+def test_shuffle_true_is_unchanged():
+    # The global permutation stays exactly what it was (saved states depend on it).
+    assert np.array_equal(EpochOrder(50, 1, 0, shuffle=True).permutation, order.epoch_permutation(50, 1, 0))
+    with pytest.raises(ValueError, match="block"):
+        EpochOrder(50, 1, 0, shuffle="block")
+    with pytest.raises(ValueError, match="shuffle"):
+        EpochOrder(50, 1, 0, shuffle="blocks")
+
+
+@pytest.fixture(scope="module")
+def block_ds(tmp_path_factory):
+    images = make_images(130, (8, 6, 3), seed=4)
+    return write_dataset(tmp_path_factory.mktemp("blk") / "ds", images, np.arange(130), shard_rows=20), images
+
+
+def _run(path, **kw):
+    with ImageLoader(path, backend="numpy", dtype="uint8", **kw) as loader:
+        return [(np.array(b.images), np.array(b.indices)) for b in loader]
+
+
+def test_loader_block_resumed_equals_straight_and_ranks(block_ds):
+    path, images = block_ds
+    opts = dict(batch_size=8, shuffle="block", seed=2, hflip=0.5, padding="drop")
+    straight = _run(path, **opts)
+    ids = np.concatenate([i for _, i in straight])
+    assert np.array_equal(np.sort(ids), np.arange(130))
+    for imgs, idx in straight:  # the right images (flip drawn per sample id)
+        flips = order.flip_draws(2, 0, idx, 0.5)
+        want = np.where(flips[:, None, None, None], images[idx][:, :, ::-1], images[idx]).transpose(0, 3, 1, 2)
+        assert np.array_equal(imgs, want)
+    with ImageLoader(path, backend="numpy", dtype="uint8", **opts) as first:
+        it = iter(first)
+        head = [np.array(next(it).indices) for _ in range(5)]
+        state = first.state_dict()
+    # Resume on 2 ranks: together they serve exactly the rest.
+    tails = []
+    for r in range(2):
+        with ImageLoader(path, backend="numpy", dtype="uint8", rank=r, world_size=2, **opts) as ld:
+            ld.load_state_dict(state)
+            tails.append(np.concatenate([np.array(b.indices) for b in ld]))
+    rest = ids[40:]
+    merged = np.empty(tails[0].size * 2, dtype=np.int64)
+    merged[0::2], merged[1::2] = tails
+    assert np.array_equal(np.concatenate(head), ids[:40])
+    assert np.array_equal(merged, rest[: merged.size])
+    # Resumed on one rank: every element of every batch equals the straight run's.
+    with ImageLoader(path, backend="numpy", dtype="uint8", **opts) as ld:
+        ld.load_state_dict(state)
+        resumed = [(np.array(b.images), np.array(b.indices)) for b in ld]
+    for (a, ai), (b, bi) in zip(resumed, straight[5:], strict=True):
+        assert np.array_equal(a, b) and np.array_equal(ai, bi)
+
+
+def test_block_state_refused_by_a_global_shuffle_loader(block_ds):
+    from tbl_loader import StateMismatchError
+
+    path, _ = block_ds
+    with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as a:
+        next(iter(a))
+        state = a.state_dict()
+    with ImageLoader(path, batch_size=8, shuffle=True, backend="numpy") as b, pytest.raises(StateMismatchError):
+        b.load_state_dict(state)
+
+
+def test_page_advice_follows_the_block_order(block_ds, monkeypatch):
+    """WILLNEED before a shard's first batch, DONTNEED after its last; the batches are unchanged."""
+    import mmap
+
+    from tbl_loader import advice
+
+    if not hasattr(mmap.mmap, "madvise") or advice._WILLNEED is None:
+        pytest.skip("no mmap.madvise on this platform")
+    path, _ = block_ds
+    calls = []
+    real = advice.PageAdvisor._advise
+
+    def record(self, k, option):
+        assert self.maps[k] is not None  # the column's mmap was found: the advice reaches the kernel
+        calls.append((self.current, k, option))
+        return real(self, k, option)
+
+    def batch(self, number, _orig=advice.PageAdvisor.batch):
+        self.current = number
+        return _orig(self, number)
+
+    monkeypatch.setattr(advice.PageAdvisor, "_advise", record)
+    monkeypatch.setattr(advice.PageAdvisor, "batch", batch)
+    opts = dict(batch_size=8, shuffle="block", seed=2, hflip=0.5)
+    got = _run(path, **opts)
+    monkeypatch.undo()
+    assert got and all(np.array_equal(a[0], b[0]) for a, b in zip(got, _run(path, **opts), strict=True))
+    starts = np.arange(0, 140, 20)
+    ids = np.concatenate([i for _, i in got])
+    shard_of = np.searchsorted(starts, ids, side="right") - 1
+    batch_of = np.arange(ids.size) // 8
+    for k in range(7):
+        first, last = batch_of[shard_of == k].min(), batch_of[shard_of == k].max()
+        need = [n for n, s, o in calls if s == k and o == mmap.MADV_WILLNEED]
+        done = [n for n, s, o in calls if s == k and o == mmap.MADV_DONTNEED]
+        assert len(need) == 1 and first - 2 <= need[0] <= first
+        assert done == ([] if last == batch_of.max() else [last + 1])
+
+
+def test_block_window_reaches_the_order(block_ds):
+    path, _ = block_ds
+    with ImageLoader(path, batch_size=8, shuffle="block", block_window=2, seed=6, backend="numpy") as loader:
+        ids = np.concatenate([np.array(b.indices) for b in loader])
+    assert np.array_equal(ids, order.block_permutation([20] * 6 + [10], 6, 0, 2))

@@ -1,0 +1,433 @@
+"""Remote datasets against a real S3 server on 127.0.0.1 (moto): equality with local, the cache, faults.
+
+Every test talks to the server over HTTP through the storage library, exactly as
+a user's S3 would be used. They skip when the remote extra or moto[server] is
+missing; CI installs both.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from conftest import make_images, write_dataset
+
+import tbl_format
+from tbl_loader import ImageLoader, RandomResizedCrop
+
+N = 160
+SHARD_ROWS = 16  # 10 shards
+
+
+@pytest.fixture(scope="module")
+def local_ds(tmp_path_factory):
+    images = make_images(N, (16, 12, 3), seed=3)
+    labels = np.arange(N, dtype=np.int64) * 3
+    return write_dataset(tmp_path_factory.mktemp("remote") / "ds", images, labels, shard_rows=SHARD_ROWS)
+
+
+@pytest.fixture(scope="module")
+def remote_url(s3_server, local_ds):
+    from tbl_loader.upload import upload_dataset
+
+    url = f"s3://{s3_server.new_bucket()}/datasets/ds/"
+    upload_dataset(local_ds, url, storage_options=s3_server.storage_options)
+    return url
+
+
+def _dataset_bytes(path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.name != "manifest.json")
+
+
+def _stream(loader, epochs=2):
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for b in loader:
+            out.append((np.array(b.images), np.array(b.labels), np.array(b.indices)))
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_remote_equals_local_every_batch(s3_server, local_ds, remote_url, tmp_path, shuffle):
+    limit = int(0.3 * _dataset_bytes(local_ds))
+    opts = dict(batch_size=12, shuffle=shuffle, seed=5, hflip=0.5, backend="numpy",
+                random_resized_crop=RandomResizedCrop(8, scale=(0.3, 1.0)))
+    with ImageLoader(local_ds, **opts) as local:
+        expected = _stream(local)
+    with ImageLoader(remote_url, cache_dir=tmp_path / "cache", cache_limit=limit,
+                     storage_options=s3_server.storage_options, **opts) as remote:
+        got = _stream(remote)
+        assert remote.dataset.cache.size() <= limit
+        assert remote.dataset.fingerprint == tbl_format.open(local_ds).fingerprint
+    assert len(got) == len(expected)
+    for (gi, gl, gx), (ei, el, ex) in zip(got, expected, strict=True):
+        assert np.array_equal(gx, ex) and np.array_equal(gl, el) and np.array_equal(gi, ei)
+
+
+def test_remote_resume_mid_epoch_equals_straight(s3_server, local_ds, remote_url, tmp_path):
+    opts = dict(batch_size=10, shuffle="block", seed=1, hflip=0.5, backend="numpy",
+                cache_dir=tmp_path / "cache", cache_limit=int(0.3 * _dataset_bytes(local_ds)),
+                storage_options=s3_server.storage_options)
+    with ImageLoader(remote_url, **opts) as straight:
+        full = [np.array(b.images) for b in straight]
+    with ImageLoader(remote_url, **opts) as first:
+        it = iter(first)
+        head = [np.array(next(it).images) for _ in range(7)]
+        state = first.state_dict()
+    with ImageLoader(remote_url, **opts) as resumed:
+        resumed.load_state_dict(state)
+        tail = [np.array(b.images) for b in resumed]
+    assert len(head) + len(tail) == len(full)
+    for a, b in zip(head + tail, full, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_cache_reuses_shards_and_evicts_lru_within_limit(s3_server, local_ds, remote_url, tmp_path):
+    from tbl_loader.remote_dataset import RemoteDataset
+
+    shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
+    limit = 3 * shard_size
+    with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=limit,
+                       storage_options=s3_server.storage_options) as ds:
+        for k in range(len(ds.segment_rows)):
+            ds.prepare_rows([ds.shard_entries and sum(ds.segment_rows[:k])])
+            assert ds.cache.size() <= limit
+        downloads = ds.cache.downloads
+        cached = {p.name for p in ds.cache.cached_files()}
+        assert len(cached) == 3
+        # The three most recently used are the last three; asking again downloads nothing.
+        last = sorted(e["file"] for e in ds.shard_entries)[-3:]
+        assert cached == set(last)
+        ds.prepare_rows([N - 1])
+        assert ds.cache.downloads == downloads
+
+
+def test_evicted_while_mapped_stays_readable(s3_server, local_ds, remote_url, tmp_path):
+    from tbl_loader.remote_dataset import RemoteDataset
+
+    local = tbl_format.open(local_ds)
+    shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
+    with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=shard_size,
+                       storage_options=s3_server.storage_options, max_mapped=100) as ds:
+        ds.prepare_rows([0])
+        view = ds.segments("image")[0]
+        path = ds.local_dir / ds.shard_entries[0]["file"]
+        assert path.exists()
+        ds.prepare_rows([SHARD_ROWS])  # the next shard: the limit holds one, so shard 0 is unlinked
+        assert not path.exists()
+        assert np.array_equal(view, local.segments("image")[0])  # still mapped, still the same bytes
+    local.close()
+
+
+def test_unreachable_endpoint_is_a_named_error(tmp_path):
+    pytest.importorskip("obstore")
+    from s3_server import ACCESS, free_port
+
+    from tbl_loader.storage import RemoteUnavailableError
+
+    options = {**ACCESS, "endpoint": f"http://127.0.0.1:{free_port()}", "client_options": {"allow_http": True},
+               "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}}
+    with pytest.raises(RemoteUnavailableError, match="127.0.0.1|s3://nowhere"):
+        ImageLoader("s3://nowhere/ds/", batch_size=4, cache_dir=tmp_path, storage_options=options)
+
+
+def test_missing_manifest_and_missing_shard(s3_server, local_ds, tmp_path):
+    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.storage import RemoteObjectMissingError
+    from tbl_loader.upload import upload_dataset
+
+    bucket = s3_server.new_bucket()
+    with pytest.raises(RemoteObjectMissingError, match=f"s3://{bucket}/nothing/manifest.json"):
+        RemoteDataset(f"s3://{bucket}/nothing/", cache_dir=tmp_path, storage_options=s3_server.storage_options)
+    url = f"s3://{bucket}/ds/"
+    upload_dataset(local_ds, url, storage_options=s3_server.storage_options)
+    victim = tbl_format.open(local_ds).shard_entries[2]["file"]
+    s3_server.boto().delete_object(Bucket=bucket, Key=f"ds/{victim}")
+    with RemoteDataset(url, cache_dir=tmp_path, storage_options=s3_server.storage_options) as ds:
+        ds.prepare_rows([0])
+        with pytest.raises(RemoteObjectMissingError, match=victim):
+            ds.prepare_rows([2 * SHARD_ROWS])
+        assert not any(p.name.startswith(f".{victim}") or p.name == victim for p in ds.local_dir.iterdir())
+
+
+def test_checksum_mismatch_downloads_again_once_then_names_the_url(s3_server, local_ds, tmp_path):
+    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.storage import RemoteChecksumError
+    from tbl_loader.upload import upload_dataset
+
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds/"
+    upload_dataset(local_ds, url, storage_options=s3_server.storage_options)
+    victim = tbl_format.open(local_ds).shard_entries[1]["file"]
+    data = bytearray((local_ds / victim).read_bytes())
+    data[100] ^= 0xFF  # inside the header: its CRC no longer matches
+    s3_server.boto().put_object(Bucket=bucket, Key=f"ds/{victim}", Body=bytes(data))
+    with RemoteDataset(url, cache_dir=tmp_path, storage_options=s3_server.storage_options) as ds:
+        before = ds.cache.downloads
+        with pytest.raises(RemoteChecksumError, match=f"{url}{victim}"):
+            ds.prepare_rows([SHARD_ROWS])
+        assert ds.cache.downloads - before == 2  # the first download and exactly one more
+        assert not any(victim in p.name for p in ds.local_dir.iterdir())
+
+
+def test_data_checksums_checked_when_asked(s3_server, local_ds, tmp_path):
+    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.storage import RemoteChecksumError
+    from tbl_loader.upload import upload_dataset
+
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds/"
+    upload_dataset(local_ds, url, storage_options=s3_server.storage_options)
+    victim = tbl_format.open(local_ds).shard_entries[0]["file"]
+    data = bytearray((local_ds / victim).read_bytes())
+    data[4096 + 100] ^= 0xFF  # in the image column (aligned at 4096): only the block CRCs see it
+    s3_server.boto().put_object(Bucket=bucket, Key=f"ds/{victim}", Body=bytes(data))
+    with RemoteDataset(url, cache_dir=tmp_path / "a", storage_options=s3_server.storage_options) as ds:
+        ds.prepare_rows([0])  # header intact: accepted without verify_data
+    with RemoteDataset(url, cache_dir=tmp_path / "b", storage_options=s3_server.storage_options,
+                       verify_data=True) as ds:
+        with pytest.raises(RemoteChecksumError, match="DataChecksumError"):
+            ds.prepare_rows([0])
+
+
+def test_download_killed_midway_leaves_no_torn_file(s3_server, local_ds, remote_url, tmp_path):
+    """SIGKILL of a process in the middle of downloads: the rerun completes, no file is torn."""
+    cache = tmp_path / "cache"
+    script = textwrap.dedent(f"""
+        import datetime, os, signal, sys
+        from tbl_loader import storage
+        real = storage.Store.download
+        calls = []
+        def killed_on_the_fourth(self, name, out):
+            calls.append(name)
+            if len(calls) == 4:  # part of the shard written, then the process dies
+                out.write(b"TBL partial bytes")
+                out.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(self, name, out)
+        storage.Store.download = killed_on_the_fourth
+        from tbl_loader.remote_dataset import RemoteDataset
+        ds = RemoteDataset({remote_url!r}, cache_dir={str(cache)!r}, storage_options={s3_server.storage_options!r})
+        for k in range(len(ds.segment_rows)):
+            ds.prepare_rows([sum(ds.segment_rows[:k])])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    from tbl_loader.remote_dataset import RemoteDataset
+
+    local = tbl_format.open(local_ds)
+    with RemoteDataset(remote_url, cache_dir=cache, storage_options=s3_server.storage_options,
+                       max_mapped=100) as ds:
+        ds_dir = ds.local_dir
+        leftovers = [p.name for p in ds_dir.iterdir() if ".tbl-cache-tmp-" in p.name]
+        assert leftovers  # the killed download's temporary file, never under a final name
+        for k in range(len(ds.segment_rows)):
+            ds.prepare_rows([sum(ds.segment_rows[:k])])
+        for got, want in zip(ds.segments("image"), local.segments("image"), strict=True):
+            assert np.array_equal(got, want)
+        assert not [p.name for p in ds_dir.iterdir() if ".tbl-cache-tmp-" in p.name]
+        for entry in ds.shard_entries:  # every cached file passes the full check
+            tbl_format.open(ds_dir / entry["file"], verify=True).close()
+    local.close()
+
+
+def test_pytree_dataset_reads_a_url(s3_server, local_ds, remote_url, tmp_path):
+    from tbl_loader import PyTreeDataset
+
+    local = PyTreeDataset(local_ds)
+    remote = PyTreeDataset(remote_url, cache_dir=tmp_path, storage_options=s3_server.storage_options)
+    assert len(remote) == len(local) and remote.fingerprint == local.fingerprint
+    idx = np.arange(N)[::-1].copy()
+    a, b = local.get_batch(idx), remote.get_batch(idx)
+    assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["label"], b["label"])
+
+
+def _s3_env(server, cache_home):
+    """A user's S3 settings in the standard environment variables; the default cache under ``cache_home``."""
+    return {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": server.endpoint, "AWS_ALLOW_HTTP": "true",
+            "XDG_CACHE_HOME": str(cache_home)}
+
+
+def test_tbl_inspect_and_verify_a_url(s3_server, local_ds, tmp_path):
+    from tbl_loader.upload import upload_dataset
+
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds/"
+    upload_dataset(local_ds, url, storage_options=s3_server.storage_options)
+    env = _s3_env(s3_server, tmp_path / 'xdg')
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "inspect", url], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"rows:      {N:,} in {N // SHARD_ROWS} file(s)" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "verify", url], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "every checksum verified" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "verify", f"s3://{bucket}/missing/"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "manifest.json" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_tbl_convert_to_a_url_publishes_the_manifest_last(s3_server, tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "src"
+    for label in ("cat", "dog"):
+        (src / label).mkdir(parents=True)
+        for i in range(6):
+            rgb = np.random.default_rng(i).integers(0, 256, (20, 24, 3), dtype=np.uint8)
+            Image.fromarray(rgb).save(src / label / f"{i}.png")
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/imgs/"
+    env = _s3_env(s3_server, tmp_path / 'xdg')
+    out = subprocess.run([sys.executable, "-m", "tbl_format.cli", "convert", str(src), url, "--size", "16",
+                          "--shard-rows", "5", "--workers", "1", "--quiet"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    keys = [o["Key"] for o in s3_server.boto().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "imgs/manifest.json" in keys and sum(k.endswith(".tbl") for k in keys) == 3
+    # The manifest was the last object written.
+    times = {o["Key"]: o["LastModified"] for o in s3_server.boto().list_objects_v2(Bucket=bucket)["Contents"]}
+    assert times["imgs/manifest.json"] == max(times.values())
+    local = tmp_path / "local"
+    subprocess.run([sys.executable, "-m", "tbl_format.cli", "convert", str(src), str(local), "--size", "16",
+                    "--shard-rows", "5", "--workers", "1", "--quiet"], check=True, capture_output=True, timeout=300)
+    with ImageLoader(local, batch_size=4, backend="numpy", seed=1) as a, \
+            ImageLoader(url, batch_size=4, backend="numpy", seed=1, cache_dir=tmp_path / "c",
+                        storage_options=s3_server.storage_options) as b:
+        for x, y in zip(a, b, strict=True):
+            assert np.array_equal(x.images, y.images) and np.array_equal(x.labels, y.labels)
+
+
+_NODE_WORKER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from tbl_loader import ImageLoader
+    url, cache, options, rank, worker = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    from datetime import timedelta
+    options["retry_config"] = {"max_retries": 1, "retry_timeout": timedelta(seconds=5)}
+    seen = []
+    with ImageLoader(url, batch_size=8, shuffle="block", seed=3, rank=rank, world_size=2, padding="drop",
+                     backend="numpy", cache_dir=cache, storage_options=options) as loader:
+        for number, batch in enumerate(loader):
+            if number % 2 == worker:  # this rank's batches are split between its two workers
+                seen.extend(np.asarray(batch.indices).tolist())
+        downloads = loader.dataset.cache.downloads
+    print(json.dumps({"seen": seen, "downloads": downloads}))
+""")
+
+
+def test_two_ranks_two_workers_share_one_cache(s3_server, local_ds, remote_url, tmp_path):
+    """4 processes on one node, one cache: every sample exactly once, every shard downloaded once."""
+    import json
+
+    options = {k: v for k, v in s3_server.storage_options.items() if k != "retry_config"}
+    procs = [subprocess.Popen([sys.executable, "-c", _NODE_WORKER, remote_url, str(tmp_path), json.dumps(options),
+                               str(rank), str(worker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(2) for worker in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    seen = sorted(i for r in results for i in r["seen"])
+    assert seen == list(range(N))
+    assert sum(r["downloads"] for r in results) == N // SHARD_ROWS
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 96 KiB tmpfs: a real file system that fills up (skips where mounting is not permitted)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount_point)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def test_full_cache_disk_is_a_named_error_and_leaves_nothing(s3_server, local_ds, remote_url, tiny_disk):
+    from tbl_loader import CacheFullError
+    from tbl_loader.remote_dataset import RemoteDataset
+
+    local = tbl_format.open(local_ds)
+    with RemoteDataset(remote_url, cache_dir=tiny_disk, storage_options=s3_server.storage_options,
+                       max_mapped=100) as ds:
+        with pytest.raises(CacheFullError, match=str(tiny_disk)):
+            for k in range(len(ds.segment_rows)):
+                ds.prepare_rows([sum(ds.segment_rows[:k])])
+        files = list(ds.local_dir.iterdir())
+        assert not [p.name for p in files if ".tbl-cache-tmp-" in p.name]
+        assert len([p for p in files if p.suffix == ".tbl"]) < len(ds.segment_rows)
+        for p in files:  # whatever is under a final name is whole
+            if p.suffix == ".tbl":
+                tbl_format.open(p, verify=True).close()
+        for k in ds.mapped_shards:
+            assert np.array_equal(ds.segments("image")[k], local.segments("image")[k])
+    local.close()
+
+
+def test_a_url_without_the_remote_extra_names_the_pip_command(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["obstore"] = None  # as if the remote extra were not installed
+        from tbl_loader import ImageLoader, RemoteSupportMissingError
+        try:
+            ImageLoader("s3://bucket/ds/", batch_size=4, cache_dir=sys.argv[1])
+        except RemoteSupportMissingError as exc:
+            print(exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'pip install "tbl-loader[remote]"' in out.stdout
+
+
+def test_a_dataset_over_plain_http_equals_local(local_ds, tmp_path):
+    """A dataset directory served by an ordinary HTTP file server (http.server on 127.0.0.1)."""
+    pytest.importorskip("obstore", reason='the remote extra is not installed (pip install "tbl-loader[remote]")')
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(local_ds.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{local_ds.name}/"
+        opts = dict(batch_size=16, shuffle="block", seed=4, hflip=0.5, backend="numpy")
+        with ImageLoader(local_ds, **opts) as a, ImageLoader(url, cache_dir=tmp_path, **opts,
+                                                             storage_options={"client_options": {"allow_http": True}}) as b:
+            pairs = list(zip(a, b, strict=True))
+        assert len(pairs) == N // 16
+        for x, y in pairs:
+            assert np.array_equal(x.images, y.images) and np.array_equal(x.indices, y.indices)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pytree_loader_reads_a_url_with_block_shuffle(s3_server, local_ds, remote_url, tmp_path):
+    from tbl_loader import PyTreeLoader
+
+    opts = dict(batch_size=16, shuffle="block", seed=8, backend="numpy", return_indices=True)
+    with PyTreeLoader(local_ds, **opts) as a, PyTreeLoader(remote_url, cache_dir=tmp_path,
+                                                           storage_options=s3_server.storage_options, **opts) as b:
+        pairs = list(zip(a, b, strict=True))
+    seen = np.concatenate([ia for (_, ia), _ in pairs])
+    assert np.array_equal(np.sort(seen), np.arange(N))
+    for (ba, ia), (bb, ib) in pairs:
+        assert np.array_equal(ia, ib) and np.array_equal(ba["image"], bb["image"])
+        assert np.array_equal(ba["label"], bb["label"])
