@@ -61,8 +61,11 @@ def _print_result(r: dict) -> None:
         return
     line = (f"    {r['throughput']:,.0f} {r['unit']}  median {r['median_s']:.4g} s  "
             f"[{r['min_s']:.4g}, {r['max_s']:.4g}]  rounds {len(r['rounds'])}")
-    if r["rss"]:
-        line += f"  anon +{r['rss']['growth_anon_kb'] / 1024:.0f} MiB  file +{r['rss']['growth_file_kb'] / 1024:.0f} MiB"
+    rss = r["rss"] or {}
+    if rss.get("growth_anon_kb") is not None:
+        line += f"  anon +{rss['growth_anon_kb'] / 1024:.0f} MiB  file +{rss['growth_file_kb'] / 1024:.0f} MiB"
+    elif rss.get("growth_rss_kb") is not None:  # platforms that do not split resident memory
+        line += f"  rss +{rss['growth_rss_kb'] / 1024:.0f} MiB"
     print(line, flush=True)
 
 

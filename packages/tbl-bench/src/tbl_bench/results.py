@@ -61,8 +61,15 @@ RESULT_KEYS = (
 )
 
 
-def _max_each(dicts: list[dict[str, int]]) -> dict[str, int] | None:
-    return {k: max(d[k] for d in dicts) for k in dicts[0]} if dicts else None
+def _max_each(dicts: list[dict[str, int | None]]) -> dict[str, int | None] | None:
+    """The largest of each figure over the rounds; None where no round has it (not measured on this platform)."""
+    if not dicts:
+        return None
+    out: dict[str, int | None] = {}
+    for k in dicts[0]:
+        values = [d[k] for d in dicts if d.get(k) is not None]
+        out[k] = max(values) if values else None
+    return out
 
 
 def config_result(config: Config, rounds: list[dict[str, Any]]) -> dict[str, Any]:
