@@ -76,9 +76,9 @@ def test_suites_with_peers_mark_them(tmp_path, name):
 def test_images_suite_compares_like_with_like(tmp_path):
     configs = load_suite("images").configurations(_ctx(tmp_path))
     for c in configs:
-        if c.role != "floor":
+        if c.role != "ceiling":
             assert {"level", "aug"} <= set(c.params)
-    assert {c.role for c in configs} == {"subject", "baseline", "floor"}
+    assert {c.role for c in configs} == {"subject", "baseline", "ceiling"}
 
 
 def test_kernels_configurations(tmp_path):
@@ -89,7 +89,7 @@ def test_kernels_configurations(tmp_path):
     c = full["tbl-224-float16-2t"]
     assert (c.warmup, c.epochs, c.min_time_s, c.max_epochs) == (3, 20, 1.0, 2000)
     assert c.env == {"OMP_NUM_THREADS": "2"} and not c.rss and c.params["inputs"] == 23
-    assert full["copy-224"].role == "floor" and full["turboloader-224-float32"].peer
+    assert full["copy-224"].role == "ceiling" and full["turboloader-224-float32"].peer
     assert (quick["tbl-224-float32-2t"].warmup, quick["tbl-224-float32-2t"].epochs) == (2, 5)
     assert kernels_suite.ROUNDS == 3
 

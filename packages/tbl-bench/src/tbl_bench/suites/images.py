@@ -4,7 +4,7 @@ Subjects: TBL's ImageLoader; a hand-written numpy pipeline over the same
 column (np.take + lookup table + transpose: what a user writes without the
 kernels); TurboLoader and litdata with --peers; FFCV when it imports.
 Baseline: the PyTorch DataLoader + PIL pipeline decoding the TAR every epoch
-(2 workers). Floor: copying the batch's output bytes (float32 CHW) from a
+(2 workers). Ceiling: copying the batch's output bytes (float32 CHW) from a
 buffer larger than the caches - no loader that writes float32 batches can beat
 it. Same data, same batch size and the same consumer for all.
 
@@ -34,7 +34,7 @@ SLOW_TOOLS = ("pil", "litdata")
 _RING_BYTES = 256 << 20
 
 
-class _MemcpyFloor:
+class _MemcpyCeiling:
     """Copy each batch's output bytes out of a 256 MiB ring (so they come from DRAM, not cache)."""
 
     def __init__(self, count: int, batch_size: int, size: int, level: str):
@@ -64,9 +64,9 @@ class _MemcpyFloor:
         self.ring = self.out = None
 
 
-def memcpy_floor(count: int, batch_size: int, size: int, level: str):
-    """Workload factory: the memory-copy floor for float32 CHW batches of `size`."""
-    return _MemcpyFloor(count, batch_size, size, level)
+def memcpy_ceiling(count: int, batch_size: int, size: int, level: str):
+    """Workload factory: the memory-copy ceiling for float32 CHW batches of `size`."""
+    return _MemcpyCeiling(count, batch_size, size, level)
 
 
 def _image_loader():
@@ -213,9 +213,9 @@ def configurations(ctx: BenchContext) -> list[Config]:
     count = s.images
     for size in sorted({size for _, size in _augs_at(ctx)}):
         for level in LEVELS:
-            configs.append(cfg(f"memcpy/{level}/{size}", "memcpy", "tbl_bench.suites.images:memcpy_floor",
+            configs.append(cfg(f"memcpy/{level}/{size}", "memcpy", "tbl_bench.suites.images:memcpy_ceiling",
                                {"count": count, "batch_size": s.batch_size, "size": size, "level": level},
-                               role="floor"))
+                               role="ceiling"))
     tar = str(ctx.image_tar())
     for aug, size in _augs_at(ctx):
         path, skip = tbl_path(CROP_STORAGE, "center_crop") if aug == "crop" else tbl_path(size, "squash")

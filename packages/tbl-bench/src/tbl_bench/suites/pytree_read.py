@@ -9,7 +9,7 @@ tbl/item           ``ds[i]`` over a random permutation of every row
 tbl/batch-fixed    ``get_batch`` of 256 random rows, fixed-size leaves
                    (``leaves=["id", "score", "flag"]``)
 tbl/batch-all      ``get_batch`` of 256 random rows, every leaf (str included)
-ram/take-fixed     floor: ``np.take`` of the same three columns held in RAM
+ram/take-fixed     ceiling: ``np.take`` of the same three columns held in RAM
 litdata/iter       baseline: ``for row in StreamingDataset(dir)`` (litdata 0.2.76, file order)
 litdata/item       baseline: ``StreamingDataset[i]`` over 2,000 random rows per epoch
 =================  ==========================================================
@@ -118,7 +118,7 @@ def tbl_reads(path: str, op: str, rows: int):
 
 
 def ram_take(rows: int, op: str = "batch-fixed"):
-    """Workload factory (floor): np.take of the three fixed-size columns held in RAM."""
+    """Workload factory (ceiling): np.take of the three fixed-size columns held in RAM."""
     cols = [np.arange(rows, dtype=np.int64), np.arange(rows) * 0.25, np.arange(rows) % 3 == 0]
     return _Reads(cols, "take-fixed", rows, rows)
 
@@ -143,7 +143,7 @@ def configurations(ctx: BenchContext) -> list[Config]:
     configs = [Config(NAME, f"tbl/{op}", "tbl", "tbl_bench.suites.pytree_read:tbl_reads",
                       {"path": str(tbl_path), "op": op, "rows": rows}, **common) for op in TBL_OPS]
     configs.append(Config(NAME, "ram/take-fixed", "numpy", "tbl_bench.suites.pytree_read:ram_take",
-                          {"rows": rows, "op": "batch-fixed"}, role="floor", **common))
+                          {"rows": rows, "op": "batch-fixed"}, role="ceiling", **common))
     if ctx.peers:
         try:
             lit_path, skip = str(ctx.peer_artifact(f"pytree-read-{rows}-litdata", {"kind": "pytree_read",
