@@ -143,3 +143,14 @@ def test_config_validation():
         _cfg("x", "m:f", epochs=0)
     with pytest.raises(ValueError, match="max_epochs"):
         _cfg("x", "m:f", epochs=5, max_epochs=2)
+
+
+def test_a_venv_python_is_another_interpreter(tmp_path):
+    """A venv's python links to the same binary as this one; it still sees other packages."""
+    from tbl_bench.runner import _same_interpreter
+
+    link = tmp_path / "bin" / "python"
+    link.parent.mkdir()
+    link.symlink_to(sys.executable)
+    assert not _same_interpreter(str(link))
+    assert _same_interpreter(sys.executable)

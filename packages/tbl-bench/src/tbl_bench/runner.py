@@ -32,10 +32,10 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _same_interpreter(python: str) -> bool:
-    try:
-        return os.path.samefile(python, sys.executable)
-    except OSError:
-        return False
+    """Whether `python` is this interpreter *and environment*. Paths are compared without following
+    links: every virtual environment's python links to the same base binary, and which packages it
+    sees depends on the path it was started by (its pyvenv.cfg)."""
+    return os.path.normpath(os.path.abspath(python)) == os.path.normpath(os.path.abspath(sys.executable))
 
 
 def _child(python: str, args: list[str], tmp: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
