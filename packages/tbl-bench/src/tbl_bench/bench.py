@@ -45,7 +45,8 @@ def run_bench(
     if rounds is not None and rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     options = {"suites": list(suites), "quick": ctx.quick, "peers": ctx.peers, "peer_python": ctx.peer_python,
-               "rounds": rounds, "only": list(only), "data_dir": str(ctx.data_dir), "seed": ctx.seed}
+               "rounds": rounds, "only": list(only), "data_dir": str(ctx.data_dir), "seed": ctx.seed,
+               "user_data": ctx.user.to_dict() if ctx.user is not None else None}
     doc = new_document(options, asdict(ctx.sizes))
     for name in suites:
         suite = load_suite(name)
