@@ -19,6 +19,7 @@ from tbl_bench.context import BenchContext
 from tbl_bench.results import config_result, finish_document, new_document, save_results
 from tbl_bench.runner import run_round
 from tbl_bench.suites import SUITES, load_suite, suite_rounds
+from tbl_bench.suites.user_configs import user_configurations
 
 __all__ = ["run_bench"]
 
@@ -51,7 +52,9 @@ def run_bench(
     for name in suites:
         suite = load_suite(name)
         n_rounds = rounds if rounds is not None else suite_rounds(suite, ctx.quick)
-        configs = [c for c in suite.configurations(ctx)
+        # The user's own dataset (--data) replaces the generated inputs of the suites that take one.
+        all_configs = suite.configurations(ctx) if ctx.user is None else user_configurations(name, ctx)
+        configs = [c for c in all_configs
                    if not only or any(fnmatch.fnmatchcase(c.name, pat) for pat in only)]
         names = [c.name for c in configs]
         if len(set(names)) != len(names):

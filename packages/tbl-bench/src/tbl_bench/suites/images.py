@@ -209,10 +209,6 @@ def _augs_at(ctx: BenchContext) -> list[tuple[str, int]]:
 
 
 def configurations(ctx: BenchContext) -> list[Config]:
-    if ctx.user is not None:
-        from tbl_bench.suites.user_configs import user_image_configurations
-
-        return user_image_configurations(ctx)
     s = ctx.sizes
     common = {"warmup": s.warmup, "epochs": s.epochs, "unit": UNIT}
 

@@ -146,10 +146,6 @@ def litdata_reads(path: str, op: str, rows: int):
 
 
 def configurations(ctx: BenchContext) -> list[Config]:
-    if ctx.user is not None:
-        from tbl_bench.suites.user_configs import user_pytree_configurations
-
-        return user_pytree_configurations(ctx)
     rows = QUICK_ROWS if ctx.quick else ROWS
     common = {"warmup": 1, "epochs": 2 if ctx.quick else 5, "min_time_s": MIN_TIMED_S, "max_epochs": MAX_EPOCHS,
               "unit": UNIT, "rss": False, "preimport": ["numpy"]}

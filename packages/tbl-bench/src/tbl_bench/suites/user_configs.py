@@ -20,9 +20,10 @@ from pathlib import Path
 from tbl_bench.config import Config
 from tbl_bench.context import BenchContext
 from tbl_bench.levels import LEVELS
-from tbl_bench.user_data import UserDataError, data_kind
+from tbl_bench.suites import images, pytree_read
+from tbl_bench.user_data import USER_DATA_SUITES, UserDataError, data_kind
 
-__all__ = ["user_image_configurations", "user_pytree_configurations"]
+__all__ = ["user_configurations", "user_image_configurations", "user_pytree_configurations"]
 
 NO_JPEGS = ("the PIL baseline decodes JPEGs and --data is a converted .tbl; pass the JPEG TAR as --data "
             "to measure the baseline too")
@@ -65,8 +66,6 @@ def _rows(path: Path) -> int:
 
 
 def user_image_configurations(ctx: BenchContext) -> list[Config]:
-    from tbl_bench.suites import images
-
     user, s = ctx.user, ctx.sizes
     data = Path(user.path)
     kind = data_kind(data)
@@ -114,8 +113,6 @@ def user_image_configurations(ctx: BenchContext) -> list[Config]:
 
 
 def user_pytree_configurations(ctx: BenchContext) -> list[Config]:
-    from tbl_bench.suites import pytree_read
-
     user = ctx.user
     data = Path(user.path)
     if data_kind(data) == "image-tar":
@@ -127,3 +124,12 @@ def user_pytree_configurations(ctx: BenchContext) -> list[Config]:
     return [Config(pytree_read.NAME, f"tbl/{op}", "tbl", "tbl_bench.suites.pytree_read:user_reads",
                    {"path": str(data), "op": op, "batch_size": batch}, **common)
             for op in ("iter", "item", "batch-all")]
+
+
+def user_configurations(suite: str, ctx: BenchContext) -> list[Config]:
+    """The configurations of `suite` on the user's dataset (`ctx.user`); UserDataError for other suites."""
+    if suite == "images":
+        return user_image_configurations(ctx)
+    if suite == "pytree_read":
+        return user_pytree_configurations(ctx)
+    raise UserDataError(f"--data works with the suites {', '.join(USER_DATA_SUITES)}, not {suite}")
