@@ -88,7 +88,7 @@ class _Serve:
         self.loader = Loader(path, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM,
                              seed=seed, drop_last=False,
                              pipelines={"image": image_pipeline, "label": [IntDecoder(), ToTensor()]})
-        self.items_per_epoch = self.loader.reader.num_samples
+        self.items_per_epoch = int(self.loader.reader.num_samples)  # numpy uint64: not JSON
         self.info = {"workers": workers}
 
     def run_epoch(self, epoch: int) -> int:
