@@ -126,6 +126,10 @@ def _bars(ax, ok: list[dict[str, Any]], suite: dict[str, Any]) -> None:
     bars = ax.barh(range(len(ok)), values, xerr=error_bar_spans(ok),
                    error_kw={"elinewidth": 1.0, "capsize": 3, "ecolor": "#222222"},
                    color=[ROLE_COLORS.get(r["role"], ROLE_COLORS["subject"]) for r in ok])
+    for bar, r in zip(bars, ok, strict=True):
+        if r.get("peer"):
+            bar.set_hatch("///")
+            bar.set_edgecolor("white")
     ax.set_yticks(range(len(ok)), [r["name"] + (" (peer)" if r.get("peer") else "") for r in ok], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(suite.get("unit") or "items/s")
@@ -135,6 +139,9 @@ def _bars(ax, ok: list[dict[str, Any]], suite: dict[str, Any]) -> None:
     ax.set_xlim(0, max(v + u for v, u in zip(values, error_bar_spans(ok)[1], strict=True)) * 1.45)
     roles = [role for role in ROLE_COLORS if any(r["role"] == role for r in ok)]
     handles = [Patch(color=ROLE_COLORS[role], label=ROLE_LABELS[role]) for role in roles]
+    if any(r.get("peer") for r in ok):
+        handles.append(Patch(facecolor=ROLE_COLORS["subject"], edgecolor="white", hatch="///",
+                             label="peer: another tool, run under the peer interpreter"))
     handles.append(Line2D([], [], color="#222222", marker="|", markersize=8, linestyle="-", label=SPREAD_LABEL))
     ax.legend(handles=handles, fontsize=7, loc="lower right", framealpha=0.9)
 
