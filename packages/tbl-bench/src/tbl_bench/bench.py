@@ -9,6 +9,7 @@ round of one, and ratios compare like with like.
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 from tbl_bench.config import Config
 from tbl_bench.context import BenchContext
 from tbl_bench.results import config_result, finish_document, new_document, save_results
-from tbl_bench.runner import run_round
+from tbl_bench.runner import call_in, run_round
 from tbl_bench.suites import SUITES, load_suite, suite_rounds
 from tbl_bench.suites.user_configs import user_configurations
 
@@ -49,6 +50,12 @@ def run_bench(
                "rounds": rounds, "only": list(only), "data_dir": str(ctx.data_dir), "seed": ctx.seed,
                "user_data": ctx.user.to_dict() if ctx.user is not None else None}
     doc = new_document(options, asdict(ctx.sizes))
+    if ctx.peers and ctx.peer_python != sys.executable:
+        # The peers' versions are those of the peer interpreter, not of this one.
+        try:
+            doc["machine"]["peer_packages"] = call_in(ctx.peer_python, "tbl_bench.fingerprint:package_versions", {})
+        except RuntimeError as e:
+            doc["machine"]["peer_packages"] = {"error": str(e)[-500:]}
     for name in suites:
         suite = load_suite(name)
         n_rounds = rounds if rounds is not None else suite_rounds(suite, ctx.quick)

@@ -109,6 +109,9 @@ def machine_lines(doc: dict[str, Any]) -> list[str]:
         f"{m['memcpy_gbps']:.1f} GB/s: a ceiling for any loader that copies bytes, not a floor",
         f"- Python {m['python']}; {pk}",
         f"- Not installed: {absent or 'none'}",
+        *([f"- Peer interpreter ({doc['options'].get('peer_python')}): "
+           + ", ".join(f"{k} {v}" for k, v in m["peer_packages"].items() if v is not None)]
+          if m.get("peer_packages") else []),
         f"- Run: {doc['started']} to {doc.get('finished') or '(interrupted)'}; options {json.dumps(doc['options'])}",
         f"- Sizes: {json.dumps(doc['sizes'])}",
     ]
