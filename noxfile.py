@@ -174,9 +174,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench_peers(session: nox.Session) -> None:
-    """The benchmark suites with the peer tools installed (TurboLoader, litdata, FFCV when it imports)."""
+    """The benchmark suites with the peer tools installed (TurboLoader, litdata, Mosaic streaming, webdataset;
+    FFCV when it imports: the tbl-bench README has its build recipe)."""
     session.install(TORCH)
-    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos,peers]")
+    # torch pinned in the same command: the peers' own requirements must not pull a second torch.
+    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos,peers]", TORCH)
     session.run("tbl", "bench", "--peers", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
 
 

@@ -64,6 +64,6 @@ def test_a_quick_run_end_to_end(tmp_path):
         assert set(r) == set(RESULT_KEYS) and r["status"] == "ok", r["reason"]
         assert len(r["rounds"]) == 2 and r["items_per_epoch"] == 20_000
         assert all(len(rec["epochs_s"]) == 2 for rec in r["rounds"])
-    assert suite["results"][1]["role"] == "floor"
+    assert suite["results"][1]["role"] == "ceiling"
     md = (tmp_path / "report" / "report.md").read_text()
     assert "`tbl_format/sequential/produce`" in md and "(list/sequential/produce)" in md

@@ -21,7 +21,7 @@ def _result(name, tool, role, throughput, peer=False, **params):
 @pytest.fixture
 def doc():
     results = [
-        _result("memcpy/consume", "memcpy", "floor", 20000.0, level="consume"),
+        _result("memcpy/consume", "memcpy", "ceiling", 20000.0, level="consume"),
         _result("pil/consume/plain", "pil", "baseline", 250.0, level="consume", aug="plain"),
         _result("pil/consume/crop", "pil", "baseline", 200.0, level="consume", aug="crop"),
         _result("tbl/consume/plain", "tbl", "subject", 5000.0, level="consume", aug="plain"),
@@ -50,15 +50,15 @@ def test_ratios_pair_results_on_the_comparison_keys(doc):
     crop = next(r for r in suite["results"] if r["name"] == "tbl/consume/crop")
     rat = ratios(crop, suite)
     assert rat["baseline"] == ("pil/consume/crop", pytest.approx(20.0), "pil")
-    assert rat["floor"] == ("memcpy/consume", pytest.approx(0.2), "memcpy")  # the floor has no aug: matches any
+    assert rat["ceiling"] == ("memcpy/consume", pytest.approx(0.2), "memcpy")  # the ceiling has no aug: matches any
 
 
-def test_floors_and_baselines_are_not_compared_with_baselines(doc):
+def test_ceilings_and_baselines_are_not_compared_with_baselines(doc):
     suite = doc["suites"]["images"]
-    floor = next(r for r in suite["results"] if r["role"] == "floor")
+    ceiling = next(r for r in suite["results"] if r["role"] == "ceiling")
     base = next(r for r in suite["results"] if r["name"] == "pil/consume/plain")
-    assert ratios(floor, suite) == {}
-    assert set(ratios(base, suite)) == {"floor"}
+    assert ratios(ceiling, suite) == {}
+    assert set(ratios(base, suite)) == {"ceiling"}
 
 
 def test_markdown_names_the_machine_the_ratios_and_the_peers(doc):

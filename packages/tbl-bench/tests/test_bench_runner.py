@@ -143,3 +143,29 @@ def test_config_validation():
         _cfg("x", "m:f", epochs=0)
     with pytest.raises(ValueError, match="max_epochs"):
         _cfg("x", "m:f", epochs=5, max_epochs=2)
+
+
+def test_a_venv_python_is_another_interpreter(tmp_path):
+    """A venv's python links to the same binary as this one; it still sees other packages."""
+    from tbl_bench.runner import _same_interpreter
+
+    link = tmp_path / "bin" / "python"
+    link.parent.mkdir()
+    link.symlink_to(sys.executable)
+    assert not _same_interpreter(str(link))
+    assert _same_interpreter(sys.executable)
+
+
+def test_a_run_records_the_peer_interpreters_versions(tmp_path):
+    from tbl_bench.bench import run_bench
+    from tbl_bench.context import BenchContext
+    from tbl_bench.report import render_markdown
+
+    peer = tmp_path / "peer-python"
+    peer.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    peer.chmod(peer.stat().st_mode | stat.S_IXUSR)
+    ctx = BenchContext(tmp_path / "data", quick=True, peers=True, peer_python=str(peer))
+    doc = run_bench(["format_open"], ctx, tmp_path / "r.json", only=["no-such-configuration"])
+    versions = doc["machine"]["peer_packages"]
+    assert versions["psutil"] and versions["numpy"]
+    assert f"Peer interpreter ({peer}): " in render_markdown(doc)

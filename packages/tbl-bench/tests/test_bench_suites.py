@@ -31,6 +31,9 @@ class _Ctx(BenchContext):
     def peer_artifact(self, name, key, target, kwargs):
         raise DataUnavailable(f"{target}: peer test")
 
+    def peer_call(self, target, kwargs):
+        raise RuntimeError(f"{target}: peer test")
+
     def tbl_images(self, size=None, mode="squash"):
         raise DataUnavailable("tbl_loader.convert is not importable: test")
 
@@ -69,16 +72,16 @@ def test_configurations_are_unique_configs_and_skip_with_the_reason(tmp_path, na
 def test_suites_with_peers_mark_them(tmp_path, name):
     configs = load_suite(name).configurations(_ctx(tmp_path, peers=True))
     peer_tools = {c.tool for c in configs if c.peer}
-    assert peer_tools and peer_tools <= {"turboloader", "litdata", "ffcv"}
+    assert peer_tools and peer_tools <= {"turboloader", "litdata", "ffcv", "mosaic", "webdataset"}
     assert not any(c.peer for c in configs if c.tool in ("tbl", "tbl_format", "pil", "list"))
 
 
 def test_images_suite_compares_like_with_like(tmp_path):
     configs = load_suite("images").configurations(_ctx(tmp_path))
     for c in configs:
-        if c.role != "floor":
+        if c.role != "ceiling":
             assert {"level", "aug"} <= set(c.params)
-    assert {c.role for c in configs} == {"subject", "baseline", "floor"}
+    assert {c.role for c in configs} == {"subject", "baseline", "ceiling"}
 
 
 def test_kernels_configurations(tmp_path):
@@ -89,7 +92,7 @@ def test_kernels_configurations(tmp_path):
     c = full["tbl-224-float16-2t"]
     assert (c.warmup, c.epochs, c.min_time_s, c.max_epochs) == (3, 20, 1.0, 2000)
     assert c.env == {"OMP_NUM_THREADS": "2"} and not c.rss and c.params["inputs"] == 23
-    assert full["copy-224"].role == "floor" and full["turboloader-224-float32"].peer
+    assert full["copy-224"].role == "ceiling" and full["turboloader-224-float32"].peer
     assert (quick["tbl-224-float32-2t"].warmup, quick["tbl-224-float32-2t"].epochs) == (2, 5)
     assert kernels_suite.ROUNDS == 3
 
@@ -110,3 +113,16 @@ def test_kernels_ratios():
     assert r["224: float32 2t vs 1t"] == pytest.approx(1.5)
     assert r["crop float32 2t vs 1t"] == pytest.approx(1.5)
     assert not any(k.startswith("160") for k in r)
+
+
+def test_images_peers_are_every_tool_users_pick_on_the_same_data(tmp_path):
+    configs = load_suite("images").configurations(_ctx(tmp_path, peers=True, quick=True))
+    peers = {c.tool for c in configs if c.peer}
+    assert peers == {"turboloader", "litdata", "ffcv", "mosaic", "webdataset"}
+    base = next(c for c in configs if c.name == "pil/consume/plain/32")
+    for c in configs:
+        if c.peer and c.params.get("level") == "consume" and c.params.get("aug") == "plain":
+            # same batch size, image size and consumer as the baseline
+            assert (c.params["batch_size"], c.params["size"]) == (base.params["batch_size"], base.params["size"])
+    assert {c.params["aug"] for c in configs if c.tool == "ffcv"} == {"plain", "flip", "crop"}
+    assert {c.params["level"] for c in configs if c.tool == "ffcv"} == {"produce", "consume"}

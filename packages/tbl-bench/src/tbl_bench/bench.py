@@ -9,6 +9,7 @@ round of one, and ratios compare like with like.
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import Any
 from tbl_bench.config import Config
 from tbl_bench.context import BenchContext
 from tbl_bench.results import config_result, finish_document, new_document, save_results
-from tbl_bench.runner import run_round
+from tbl_bench.runner import call_in, run_round
 from tbl_bench.suites import SUITES, load_suite, suite_rounds
+from tbl_bench.suites.user_configs import user_configurations
 
 __all__ = ["run_bench"]
 
@@ -45,12 +47,21 @@ def run_bench(
     if rounds is not None and rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     options = {"suites": list(suites), "quick": ctx.quick, "peers": ctx.peers, "peer_python": ctx.peer_python,
-               "rounds": rounds, "only": list(only), "data_dir": str(ctx.data_dir), "seed": ctx.seed}
+               "rounds": rounds, "only": list(only), "data_dir": str(ctx.data_dir), "seed": ctx.seed,
+               "user_data": ctx.user.to_dict() if ctx.user is not None else None}
     doc = new_document(options, asdict(ctx.sizes))
+    if ctx.peers and ctx.peer_python != sys.executable:
+        # The peers' versions are those of the peer interpreter, not of this one.
+        try:
+            doc["machine"]["peer_packages"] = call_in(ctx.peer_python, "tbl_bench.fingerprint:package_versions", {})
+        except RuntimeError as e:
+            doc["machine"]["peer_packages"] = {"error": str(e)[-500:]}
     for name in suites:
         suite = load_suite(name)
         n_rounds = rounds if rounds is not None else suite_rounds(suite, ctx.quick)
-        configs = [c for c in suite.configurations(ctx)
+        # The user's own dataset (--data) replaces the generated inputs of the suites that take one.
+        all_configs = suite.configurations(ctx) if ctx.user is None else user_configurations(name, ctx)
+        configs = [c for c in all_configs
                    if not only or any(fnmatch.fnmatchcase(c.name, pat) for pat in only)]
         names = [c.name for c in configs]
         if len(set(names)) != len(names):

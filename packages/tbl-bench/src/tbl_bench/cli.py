@@ -2,13 +2,19 @@
 
     tbl bench [--suite NAME ...] [--rounds N] [--quick] [--peers] [--peer-python PATH]
               [--only GLOB] [--json OUT.json] [--out DIR] [--data-dir DIR] [--docs PATH]
+    tbl bench images --data PATH [--batch-size N] [--image-size PX] [--dtype D] [--threads T] [--json]
     tbl bench --report-only RESULTS.json [--out DIR] [--docs docs/benchmarks.md]
     tbl bench --list
+
+--data measures your own dataset (a JPEG TAR or a converted .tbl; for pytree_read
+any .tbl) with your settings; --json alone prints a JSON summary on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -18,6 +24,7 @@ from tbl_bench.context import BenchContext
 from tbl_bench.report import write_report
 from tbl_bench.results import load_results
 from tbl_bench.suites import SUITES
+from tbl_bench.user_data import DTYPES, USER_DATA_SUITES, UserData, UserDataError, data_kind, summary
 
 __all__ = ["add_arguments", "main", "register_bench", "run"]
 
@@ -39,8 +46,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "prepares their data (implies --peers; default: this interpreter)")
     p.add_argument("--only", action="append", default=[], metavar="GLOB",
                    help="run only configurations whose name matches (repeatable), e.g. 'turboloader/*'")
-    p.add_argument("--json", default=None, metavar="OUT",
-                   help="write the results here (default: OUT_DIR/results.json)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="OUT",
+                   help="write the results here (default: OUT_DIR/results.json); alone or '-': print a JSON summary "
+                        "on stdout (progress goes to stderr) and keep the results in OUT_DIR/results.json")
+    g = p.add_argument_group("your own data (suites: " + ", ".join(USER_DATA_SUITES) + ")")
+    g.add_argument("--data", default=None, metavar="PATH",
+                   help="measure this dataset instead of generated data: an ImageNet-layout JPEG TAR or a converted "
+                        ".tbl (images), any .tbl (pytree_read); default suite: the one that fits it")
+    g.add_argument("--batch-size", type=int, default=None, metavar="N", help="batch size (default: the suite's)")
+    g.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="served size of a TAR (converted once to it) and output size of the crop (default: 160 / "
+                        "the stored size)")
+    g.add_argument("--dtype", default="float32", choices=DTYPES, help="output dtype of the loaders (default: float32)")
+    g.add_argument("--threads", type=int, default=None, metavar="T",
+                   help="TBL's loader threads and the PIL baseline's workers (default: all cores / 2 workers)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report.md and charts go here (default: {DEFAULT_OUT})")
     p.add_argument("--data-dir", default=None, help="generated and converted data, reused across runs (default: OUT/data)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated data (default: 0)")
@@ -61,14 +80,36 @@ def _print_result(r: dict) -> None:
         return
     line = (f"    {r['throughput']:,.0f} {r['unit']}  median {r['median_s']:.4g} s  "
             f"[{r['min_s']:.4g}, {r['max_s']:.4g}]  rounds {len(r['rounds'])}")
-    if r["rss"]:
-        line += f"  anon +{r['rss']['growth_anon_kb'] / 1024:.0f} MiB  file +{r['rss']['growth_file_kb'] / 1024:.0f} MiB"
+    rss = r["rss"] or {}
+    if rss.get("growth_anon_kb") is not None:
+        line += f"  anon +{rss['growth_anon_kb'] / 1024:.0f} MiB  file +{rss['growth_file_kb'] / 1024:.0f} MiB"
+    elif rss.get("growth_rss_kb") is not None:  # platforms that do not split resident memory
+        line += f"  rss +{rss['growth_rss_kb'] / 1024:.0f} MiB"
     print(line, flush=True)
 
 
 def _suite_names(args: argparse.Namespace) -> list[str]:
     names = [*args.suites, *args.suite_names]
     return list(dict.fromkeys(names)) or list(SUITES)
+
+
+def _user_data(args: argparse.Namespace) -> tuple[UserData | None, list[str]]:
+    """The --data settings and the suites to run on them; UserDataError when they do not fit."""
+    given = [name for name in ("batch_size", "image_size", "threads") if getattr(args, name) is not None]
+    if args.data is None:
+        if given or args.dtype != "float32":
+            flags = ", ".join("--" + n.replace("_", "-") for n in given) or "--dtype"
+            raise UserDataError(f"{flags} go with --data PATH (your own dataset)")
+        return None, _suite_names(args)
+    user = UserData(args.data, batch_size=args.batch_size, image_size=args.image_size, dtype=args.dtype,
+                    threads=args.threads)
+    names = list(dict.fromkeys([*args.suites, *args.suite_names]))
+    if not names:
+        names = ["pytree_read" if data_kind(args.data) == "pytree-tbl" else "images"]
+    other = [n for n in names if n not in USER_DATA_SUITES]
+    if other:
+        raise UserDataError(f"--data works with the suites {', '.join(USER_DATA_SUITES)}, not {', '.join(other)}")
+    return user, names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
         doc = load_results(args.report_only)
     else:
-        suites = _suite_names(args)
+        try:
+            user, suites = _user_data(args)
+        except UserDataError as e:
+            print(f"tbl bench: {e}", file=sys.stderr)
+            return 2
         unknown = [s for s in suites if s not in SUITES]
         if unknown:
             print(f"tbl bench: unknown suite(s) {', '.join(unknown)}; known: {', '.join(SUITES)}", file=sys.stderr)
@@ -97,13 +142,23 @@ def run(args: argparse.Namespace) -> int:
             return 2
         ctx = BenchContext(args.data_dir or out / "data", quick=args.quick,
                            peers=args.peers or args.peer_python is not None, peer_python=args.peer_python,
-                           seed=args.seed)
-        results = Path(args.json) if args.json else out / "results.json"
-        doc = run_bench(suites, ctx, results, rounds=args.rounds, only=args.only,
-                        on_config=_print_config, on_result=_print_result)
-        print(f"results: {results}")
+                           seed=args.seed, user=user)
+        to_stdout = args.json == "-"
+        results = Path(args.json) if args.json and not to_stdout else out / "results.json"
+        progress = sys.stderr if to_stdout else sys.stdout
+        try:
+            with contextlib.redirect_stdout(progress):
+                doc = run_bench(suites, ctx, results, rounds=args.rounds, only=args.only,
+                                on_config=_print_config, on_result=_print_result)
+        except UserDataError as e:
+            print(f"tbl bench: {e}", file=sys.stderr)
+            return 2
+        print(f"results: {results}", file=progress)
+        if to_stdout:
+            print(json.dumps(summary(doc), indent=1))
     md = write_report(doc, out, docs_path=args.docs)
-    print(f"report: {md}" + (f", {args.docs}" if args.docs else ""))
+    print(f"report: {md}" + (f", {args.docs}" if args.docs else ""),
+          file=sys.stderr if args.json == "-" else sys.stdout)
     failed = [r["name"] for s in doc["suites"].values() for r in s["results"] if r["status"] == "failed"]
     if failed:
         print(f"tbl bench: {len(failed)} configuration(s) failed: {', '.join(failed)}", file=sys.stderr)

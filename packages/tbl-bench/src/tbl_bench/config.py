@@ -15,8 +15,8 @@ from typing import Any, Protocol
 __all__ = ["ROLES", "Config", "SkipConfig", "Workload"]
 
 # subject: what is measured; baseline: the same-run reference ratios are taken
-# against; floor: the hardware or compute bound no subject can beat.
-ROLES = ("subject", "baseline", "floor")
+# against; ceiling: the hardware or compute bound no subject can beat.
+ROLES = ("subject", "baseline", "ceiling")
 
 
 class SkipConfig(Exception):

@@ -24,6 +24,7 @@ from typing import Any
 
 from tbl_bench.data import ARRAY_ROWS, SCALAR_ROWS, array_rows, make_image_tar, scalar_rows
 from tbl_bench.runner import call_in
+from tbl_bench.user_data import UserData
 
 __all__ = ["BenchContext", "DataUnavailable", "Sizes"]
 
@@ -59,6 +60,7 @@ class BenchContext:
 
     `peer_python`: the interpreter that runs the peer tools' configurations and
     prepares their data (default: this one, with the `[peers]` extra installed).
+    `user`: the user's dataset and settings (`tbl_bench.user_data`), or None.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class BenchContext:
         peer_python: str | None = None,
         seed: int = 0,
         sizes: Sizes | None = None,
+        user: UserData | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -78,6 +81,8 @@ class BenchContext:
         self.peer_python = peer_python or sys.executable
         self.seed = seed
         self.sizes = sizes if sizes is not None else Sizes.for_mode(quick)
+        # The user's own dataset and settings (`--data`); suites that take one measure it instead.
+        self.user = user
 
     # -- artefacts -----------------------------------------------------------------------------
     def artifact(self, name: str, key: dict[str, Any], build: Callable[[Path], object]) -> Path:
@@ -93,6 +98,10 @@ class BenchContext:
         build(path)
         stamp.write_text(json.dumps(key, sort_keys=True))
         return path
+
+    def peer_call(self, target: str, kwargs: dict[str, Any]) -> Any:
+        """`target(**kwargs)` under the peer interpreter (RuntimeError when it fails)."""
+        return call_in(self.peer_python, target, kwargs)
 
     def peer_artifact(self, name: str, key: dict[str, Any], target: str, kwargs: dict[str, Any]) -> Path:
         """An artefact a peer tool writes, built by `target(dst=path, **kwargs)` under the peer interpreter."""
@@ -138,6 +147,37 @@ class BenchContext:
         return self.peer_artifact(f"photos-{self.sizes.images}-{size}-litdata",
                                   {"kind": "litdata_images", "tar": tar.name, "size": size},
                                   "tbl_bench.peers.litdata_peer:litdata_optimize", {"tar": str(tar), "size": size})
+
+    def mosaic_images(self, size: int | None = None) -> Path:
+        """The TAR as Mosaic streaming MDS shards (in the peer interpreter)."""
+        size = size or self.sizes.image_size
+        tar = self.image_tar()
+        return self.peer_artifact(f"photos-{self.sizes.images}-{size}-mds",
+                                  {"kind": "mosaic_images", "tar": tar.name, "size": size},
+                                  "tbl_bench.peers.mosaic_peer:mosaic_write", {"tar": str(tar), "size": size})
+
+    def webdataset_images(self, size: int | None = None) -> Path:
+        """The TAR as webdataset shards (in the peer interpreter)."""
+        size = size or self.sizes.image_size
+        tar = self.image_tar()
+        return self.peer_artifact(f"photos-{self.sizes.images}-{size}-wds",
+                                  {"kind": "webdataset_images", "tar": tar.name, "size": size},
+                                  "tbl_bench.peers.webdataset_peer:webdataset_write",
+                                  {"tar": str(tar), "size": size, "count": self.sizes.images})
+
+    def ffcv_images(self, size: int | None = None) -> Path:
+        """The TAR as an FFCV .beton (in the peer interpreter; DataUnavailable where ffcv does not import)."""
+        size = size or self.sizes.image_size
+        try:
+            reason = self.peer_call("tbl_bench.peers.ffcv_peer:ffcv_unavailable_reason", {})
+        except RuntimeError as e:
+            reason = str(e)
+        if reason is not None:
+            raise DataUnavailable(reason)
+        tar = self.image_tar()
+        return self.peer_artifact(f"photos-{self.sizes.images}-{size}.beton",
+                                  {"kind": "ffcv_images", "tar": tar.name, "size": size},
+                                  "tbl_bench.peers.ffcv_peer:ffcv_write", {"tar": str(tar), "size": size})
 
     # -- pytrees -------------------------------------------------------------------------------
     def _rows(self, kind: str):

@@ -8,11 +8,13 @@ version of every package involved.
 
 from __future__ import annotations
 
-import os
 import platform
+import subprocess
 import sys
 import time
 from importlib import metadata
+
+import psutil
 
 __all__ = [
     "PACKAGES",
@@ -21,6 +23,7 @@ __all__ = [
     "machine_fingerprint",
     "memory_copy_bandwidth",
     "package_versions",
+    "usable_cores",
 ]
 
 # Every distribution whose version can change a figure in this report.
@@ -39,30 +42,39 @@ PACKAGES = (
     "matplotlib",
     "scikit-image",
     "scikit-learn",
+    "mosaicml-streaming",
+    "webdataset",
+    "psutil",
 )
 
 
 def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo, or platform.processor() elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The CPU model name. psutil does not report it: Linux names it in /proc/cpuinfo, macOS in sysctl."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=5)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
-def _mem_total_kb() -> int | None:
+def usable_cores() -> int:
+    """Logical cores this process may run on (its CPU affinity where the platform has one, e.g. a cgroup)."""
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+        return len(psutil.Process().cpu_affinity())
+    except (AttributeError, psutil.Error, OSError):  # macOS has no affinity
+        return psutil.cpu_count(logical=True) or 1
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
@@ -100,20 +112,20 @@ def memory_copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
 def load_average() -> list[float] | None:
     """1, 5 and 15 minute load averages: other work on the machine shows up here."""
     try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
+        return [round(x, 2) for x in psutil.getloadavg()]
+    except (OSError, psutil.Error):
         return None
 
 
 def machine_fingerprint(*, bandwidth_bytes: int = 256 << 20) -> dict:
     """A JSON-ready description of this machine and its software."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "hostname": platform.node(),
         "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "usable_cores": cores,
-        "mem_total_kb": _mem_total_kb(),
+        "cpu_count": psutil.cpu_count(logical=True),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "usable_cores": usable_cores(),
+        "mem_total_kb": psutil.virtual_memory().total >> 10,
         "loadavg_start": load_average(),
         "memcpy_gbps": round(memory_copy_bandwidth(bandwidth_bytes), 3),
         "memcpy_bytes": bandwidth_bytes,

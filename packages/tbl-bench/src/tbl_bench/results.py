@@ -10,7 +10,7 @@ rounds, each a fresh subprocess:
 - `throughput`: `items_per_epoch / median_s`, in the suite's unit;
 - `cpu_s`: the median over rounds of each round's median CPU seconds per epoch;
 - `rss`: each memory figure the largest over the rounds (None where not sampled);
-- `rounds`: every round record whole (`epochs_s`, `cpu_s`, `warmup_s`, `setup_s`, `rss`,
+- `rounds`: every round record whole (`epochs_s`, `cpu_s`, `warmup_s`, `setup_s`, `rss`, `loadavg_before`, `loadavg_after`,
   `info`, or the reason it failed).
 """
 
@@ -61,8 +61,15 @@ RESULT_KEYS = (
 )
 
 
-def _max_each(dicts: list[dict[str, int]]) -> dict[str, int] | None:
-    return {k: max(d[k] for d in dicts) for k in dicts[0]} if dicts else None
+def _max_each(dicts: list[dict[str, int | None]]) -> dict[str, int | None] | None:
+    """The largest of each figure over the rounds; None where no round has it (not measured on this platform)."""
+    if not dicts:
+        return None
+    out: dict[str, int | None] = {}
+    for k in dicts[0]:
+        values = [d[k] for d in dicts if d.get(k) is not None]
+        out[k] = max(values) if values else None
+    return out
 
 
 def config_result(config: Config, rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,4 +137,10 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if schema != SCHEMA:
         raise ValueError(f"{path} is not a {SCHEMA} results file (schema {schema!r}); "
                          "older runs are history: measure again to report them")
+    # Files written before the role was named for what it is: a memory copy or data already in RAM
+    # bounds throughput from above (a ceiling), it was called a floor.
+    for suite in doc.get("suites", {}).values():
+        for r in suite.get("results", []):
+            if r.get("role") == "floor":
+                r["role"] = "ceiling"
     return doc

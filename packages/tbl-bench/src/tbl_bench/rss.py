@@ -1,15 +1,19 @@
-"""Resident memory of a benchmark process, split into anonymous and file-backed pages.
+"""Resident memory of a benchmark process, split into anonymous and file-backed pages, through psutil.
 
 Anonymous memory is what a loader owns (decoded copies, caches, batch buffers);
 file-backed memory is mapped file pages (the page cache a memory-mapped dataset
-reads through). They mean different things, so they are reported separately.
+reads through). They mean different things, so they are reported separately
+where the platform tells them apart: on Linux psutil's `shared` is the resident
+file-backed (and shared-memory) pages and `rss - shared` the anonymous ones. On
+macOS and Windows only the total is known; the split is None there, never a
+guess, and `rss_kb` carries the total everywhere.
 
-`RssSampler` reads `/proc/<pid>/status` (RssAnon, RssFile) from a background
-thread and keeps the peak of each, for this process and for the whole process
-tree (DataLoader workers are child processes; their memory is part of the cost).
-Tree sums add each process's own counters, so pages shared between a parent and
-its forked workers are counted once per process: the tree figure is an upper
-bound, the per-process figure is exact.
+`RssSampler` samples from a background thread and keeps the peak of each, for
+this process and for the whole process tree (DataLoader workers are child
+processes; their memory is part of the cost). Tree sums add each process's own
+counters, so pages shared between a parent and its forked workers are counted
+once per process: the tree figure is an upper bound, the per-process figure is
+exact.
 """
 
 from __future__ import annotations
@@ -18,80 +22,74 @@ import os
 import threading
 from dataclasses import dataclass
 
-__all__ = ["RssSample", "RssSampler", "RssUnavailableError", "read_rss", "read_tree_rss"]
+import psutil
 
-
-class RssUnavailableError(RuntimeError):
-    """The platform does not expose RssAnon / RssFile (Linux /proc is required)."""
+__all__ = ["RssSample", "RssSampler", "read_rss", "read_tree_rss"]
 
 
 @dataclass(frozen=True)
 class RssSample:
-    anon_kb: int
-    file_kb: int
+    """KiB. `anon_kb` / `file_kb` are None where the platform does not split resident memory."""
+
+    rss_kb: int
+    anon_kb: int | None
+    file_kb: int | None
 
 
-def _parse_status(text: str) -> RssSample | None:
-    anon = file = None
-    for line in text.splitlines():
-        if line.startswith("RssAnon:"):
-            anon = int(line.split()[1])
-        elif line.startswith("RssFile:"):
-            file = int(line.split()[1])
-    if anon is None or file is None:
-        return None
-    return RssSample(anon, file)
+def _sample(proc: psutil.Process) -> RssSample:
+    mem = proc.memory_info()
+    rss = mem.rss >> 10
+    shared = getattr(mem, "shared", None)  # Linux only
+    if shared is None:
+        return RssSample(rss, None, None)
+    file_kb = shared >> 10
+    return RssSample(rss, rss - file_kb, file_kb)
 
 
-def read_rss(pid: int | str = "self") -> RssSample:
-    """RssAnon and RssFile of one process, in KiB."""
-    path = f"/proc/{pid}/status"
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError as e:
-        raise RssUnavailableError(f"{path} does not exist; RSS sampling needs Linux /proc") from e
-    sample = _parse_status(text)
-    if sample is None:
-        raise RssUnavailableError(f"{path} has no RssAnon/RssFile lines (kernel older than 4.5?)")
-    return sample
+def read_rss(pid: int | None = None) -> RssSample:
+    """Resident memory of one process (default: this one), in KiB."""
+    return _sample(psutil.Process(pid))
 
 
-def _children_map() -> dict[int, list[int]]:
-    """ppid -> child pids, from /proc/*/stat (task/*/children is not always compiled in)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the process exited while we were listing
-        # The command name is in parentheses and may contain spaces: split after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(name))
-    return children
+def _add(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
 
 
 def read_tree_rss(pid: int | None = None) -> RssSample:
-    """Sum of RssAnon and RssFile over a process and all its descendants, in KiB."""
-    root = os.getpid() if pid is None else pid
-    children = _children_map()
-    total_anon = total_file = 0
-    stack = [root]
-    while stack:
-        p = stack.pop()
+    """Sum over a process (default: this one) and all its descendants, in KiB."""
+    root = psutil.Process(pid if pid is not None else os.getpid())
+    total = _sample(root)
+    for child in root.children(recursive=True):
         try:
-            s = read_rss(p)
-        except (RssUnavailableError, ProcessLookupError):
-            if p == root:
-                raise
+            s = _sample(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue  # a worker exited between listing and reading
-        total_anon += s.anon_kb
-        total_file += s.file_kb
-        stack.extend(children.get(p, ()))
-    return RssSample(total_anon, total_file)
+        total = RssSample(total.rss_kb + s.rss_kb, _add(total.anon_kb, s.anon_kb), _add(total.file_kb, s.file_kb))
+    return total
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+def _minus(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a - b
+
+
+class _Peak:
+    """The largest value seen of each figure."""
+
+    def __init__(self) -> None:
+        self.rss_kb: int | None = None
+        self.anon_kb: int | None = None
+        self.file_kb: int | None = None
+
+    def update(self, s: RssSample) -> None:
+        self.rss_kb = _max(self.rss_kb, s.rss_kb)
+        self.anon_kb = _max(self.anon_kb, s.anon_kb)
+        self.file_kb = _max(self.file_kb, s.file_kb)
 
 
 class RssSampler:
@@ -111,10 +109,11 @@ class RssSampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._process = psutil.Process()
         self.baseline: RssSample | None = None
         self.tree_baseline: RssSample | None = None
-        self._peak_anon = self._peak_file = 0
-        self._tree_peak_anon = self._tree_peak_file = 0
+        self._peak = _Peak()
+        self._tree_peak = _Peak()
         self.samples = 0
 
     def sample_now(self) -> None:
@@ -123,13 +122,9 @@ class RssSampler:
             self._take(with_tree=True)
 
     def _take(self, with_tree: bool) -> None:
-        s = read_rss()
-        self._peak_anon = max(self._peak_anon, s.anon_kb)
-        self._peak_file = max(self._peak_file, s.file_kb)
+        self._peak.update(_sample(self._process))
         if with_tree:
-            t = read_tree_rss()
-            self._tree_peak_anon = max(self._tree_peak_anon, t.anon_kb)
-            self._tree_peak_file = max(self._tree_peak_file, t.file_kb)
+            self._tree_peak.update(read_tree_rss())
         self.samples += 1
 
     def _loop(self) -> None:
@@ -142,7 +137,7 @@ class RssSampler:
     def start(self) -> RssSampler:
         if self._thread is not None:
             raise RuntimeError("RssSampler already started")
-        self.baseline = read_rss()
+        self.baseline = _sample(self._process)
         self.tree_baseline = read_tree_rss()
         self._take(with_tree=True)
         self._thread = threading.Thread(target=self._loop, name="tbl-bench-rss", daemon=True)
@@ -163,20 +158,26 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def result(self) -> dict[str, int]:
-        """Peaks and growth in KiB (process and tree), as plain JSON-ready ints."""
+    def result(self) -> dict[str, int | None]:
+        """Peaks and growth in KiB (process and tree), as plain JSON-ready ints (None: not split here)."""
         if self.baseline is None or self.tree_baseline is None:
             raise RuntimeError("RssSampler was never started")
+        b, tb, p, tp = self.baseline, self.tree_baseline, self._peak, self._tree_peak
         return {
-            "baseline_anon_kb": self.baseline.anon_kb,
-            "baseline_file_kb": self.baseline.file_kb,
-            "peak_anon_kb": self._peak_anon,
-            "peak_file_kb": self._peak_file,
-            "growth_anon_kb": self._peak_anon - self.baseline.anon_kb,
-            "growth_file_kb": self._peak_file - self.baseline.file_kb,
-            "tree_peak_anon_kb": self._tree_peak_anon,
-            "tree_peak_file_kb": self._tree_peak_file,
-            "tree_growth_anon_kb": self._tree_peak_anon - self.tree_baseline.anon_kb,
-            "tree_growth_file_kb": self._tree_peak_file - self.tree_baseline.file_kb,
+            "baseline_rss_kb": b.rss_kb,
+            "baseline_anon_kb": b.anon_kb,
+            "baseline_file_kb": b.file_kb,
+            "peak_rss_kb": p.rss_kb,
+            "peak_anon_kb": p.anon_kb,
+            "peak_file_kb": p.file_kb,
+            "growth_rss_kb": _minus(p.rss_kb, b.rss_kb),
+            "growth_anon_kb": _minus(p.anon_kb, b.anon_kb),
+            "growth_file_kb": _minus(p.file_kb, b.file_kb),
+            "tree_peak_rss_kb": tp.rss_kb,
+            "tree_peak_anon_kb": tp.anon_kb,
+            "tree_peak_file_kb": tp.file_kb,
+            "tree_growth_rss_kb": _minus(tp.rss_kb, tb.rss_kb),
+            "tree_growth_anon_kb": _minus(tp.anon_kb, tb.anon_kb),
+            "tree_growth_file_kb": _minus(tp.file_kb, tb.file_kb),
             "samples": self.samples,
         }

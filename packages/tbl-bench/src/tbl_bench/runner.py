@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tbl_bench.config import Config
+from tbl_bench.fingerprint import load_average
 from tbl_bench.results import config_result
 
 __all__ = ["call_in", "run_config", "run_round"]
@@ -31,10 +32,10 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _same_interpreter(python: str) -> bool:
-    try:
-        return os.path.samefile(python, sys.executable)
-    except OSError:
-        return False
+    """Whether `python` is this interpreter *and environment*. Paths are compared without following
+    links: every virtual environment's python links to the same base binary, and which packages it
+    sees depends on the path it was started by (its pyvenv.cfg)."""
+    return os.path.normpath(os.path.abspath(python)) == os.path.normpath(os.path.abspath(sys.executable))
 
 
 def _child(python: str, args: list[str], tmp: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -61,6 +62,8 @@ def run_round(config: Config, *, peer_python: str | None = None, env: dict[str, 
         return {"status": "skipped", "reason": config.skip}
     python = (peer_python or sys.executable) if config.peer else sys.executable
     child_env = {**(os.environ if env is None else env), **config.env}
+    # The machine's load around each round: a figure measured while someone else ran says so.
+    load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="tbl-bench-") as tmp:
         cfg_path, out_path = Path(tmp) / "config.json", Path(tmp) / "round.json"
         cfg_path.write_text(json.dumps(config.to_dict()))
@@ -74,6 +77,8 @@ def run_round(config: Config, *, peer_python: str | None = None, env: dict[str, 
             return {"status": "failed", "reason": f"child exited with status {proc.returncode}: {_tail(proc)}"}
         record = json.loads(out_path.read_text())
     record["python"] = python
+    record["loadavg_before"] = load_before
+    record["loadavg_after"] = load_average()
     return record
 
 

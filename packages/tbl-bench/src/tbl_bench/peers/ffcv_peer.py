@@ -1,12 +1,26 @@
-"""FFCV, when it imports. It rarely installs (it needs a matching OpenCV, libjpeg-turbo and
-a compiler toolchain), so the adapter reports why it is skipped instead of failing the run.
+"""FFCV 1.0.2: `DatasetWriter` (convert) and `Loader` (serve), when it imports.
+
+FFCV builds from its sdist against OpenCV, libjpeg-turbo and pkg-config
+(Debian: `apt-get install -y libopencv-dev libturbojpeg0-dev pkg-config`, then
+`pip install numba ffcv==1.0.2` beside torch==2.13.0). Where it does not import,
+its configurations are skipped with the import error as the reason.
+
+The .beton stores each image decoded and resized (`decoded.py`) as raw
+pixels (`RGBImageField(write_mode="raw")`), the same pixels the other
+converted formats store. Serving uses FFCV's own CPU pipeline: decode
+(RandomResizedCrop inside the decoder for "crop"), horizontal flip,
+normalization to float32 through a lookup table, then a torch NCHW view;
+2 worker threads, random order.
 """
 
 from __future__ import annotations
 
 from tbl_bench.config import SkipConfig
+from tbl_bench.levels import consume_batch
+from tbl_bench.peers.decoded import decoded_images
+from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["ffcv_serve", "ffcv_unavailable_reason"]
+__all__ = ["ffcv_serve", "ffcv_unavailable_reason", "ffcv_write"]
 
 
 def ffcv_unavailable_reason() -> str | None:
@@ -14,14 +28,80 @@ def ffcv_unavailable_reason() -> str | None:
     try:
         import ffcv  # noqa: F401
         from ffcv.loader import Loader  # noqa: F401
-    except Exception as e:  # any import-time failure (missing cv2, ABI mismatch) means "not available"
-        return f"ffcv does not import: {type(e).__name__}: {e}"
+        from ffcv.writer import DatasetWriter  # noqa: F401
+    except Exception as e:  # any import-time failure (missing cv2, libturbojpeg, ABI mismatch) means "not here"
+        return (f"ffcv does not import: {type(e).__name__}: {e} (needs the OpenCV and libturbojpeg development "
+                "packages and pkg-config, then pip install numba ffcv==1.0.2; see the tbl-bench README)")
     return None
 
 
-def ffcv_serve(**_params):
-    """Workload factory. The FFCV writer/loader adapter is not written yet; it is skipped with the reason."""
+def _require_ffcv() -> None:
     reason = ffcv_unavailable_reason()
     if reason is not None:
         raise SkipConfig(reason)
-    raise SkipConfig("ffcv imports, but tbl-bench has no FFCV adapter in this version")
+
+
+class _Images:
+    """Indexable (image, label) pairs, as DatasetWriter reads them."""
+
+    def __init__(self, tar: str, size: int):
+        self.items = list(decoded_images(tar, size))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        return self.items[i]
+
+
+def ffcv_write(tar: str, dst: str, size: int, workers: int = 2) -> int:
+    """Write the TAR's images into the .beton `dst`; return the sample count."""
+    _require_ffcv()
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    images = _Images(tar, size)
+    writer = DatasetWriter(str(dst), {"image": RGBImageField(write_mode="raw", max_resolution=size),
+                                      "label": IntField()}, num_workers=workers)
+    writer.from_indexed_dataset(images)
+    return len(images)
+
+
+class _Serve:
+    def __init__(self, path: str, size: int, batch_size: int, aug: str, level: str, workers: int, seed: int):
+        _require_ffcv()
+        import numpy as np
+        from ffcv.fields.basics import IntDecoder
+        from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder, SimpleRGBImageDecoder
+        from ffcv.loader import Loader, OrderOption
+        from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, ToTensor, ToTorchImage
+
+        if aug not in AUGMENTATIONS:
+            raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
+        decoder = RandomResizedCropRGBImageDecoder((size, size)) if aug == "crop" else SimpleRGBImageDecoder()
+        image_pipeline = [decoder]
+        if aug in ("flip", "crop"):
+            image_pipeline.append(RandomHorizontalFlip(0.5))
+        image_pipeline += [NormalizeImage(np.array(IMAGENET_MEAN) * 255, np.array(IMAGENET_STD) * 255, np.float32),
+                           ToTensor(), ToTorchImage()]
+        self.level = level
+        self.loader = Loader(path, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM,
+                             seed=seed, drop_last=False,
+                             pipelines={"image": image_pipeline, "label": [IntDecoder(), ToTensor()]})
+        self.items_per_epoch = int(self.loader.reader.num_samples)  # numpy uint64: not JSON
+        self.info = {"workers": workers}
+
+    def run_epoch(self, epoch: int) -> int:
+        n = 0
+        for images, _labels in self.loader:
+            consume_batch(images, self.level)
+            n += images.shape[0]
+        return n
+
+    def close(self) -> None:
+        self.loader = None
+
+
+def ffcv_serve(path: str, size: int, batch_size: int, aug: str, level: str, workers: int = 2, seed: int = 0):
+    """Workload factory: ffcv.loader.Loader over a .beton from `ffcv_write`."""
+    return _Serve(path, size, batch_size, aug, level, workers, seed)

@@ -3,13 +3,13 @@
 A suite module defines:
 
 - NAME, TITLE, UNIT (what `throughput` counts), COMPARE_ON: the parameters a
-  result must share with a baseline or floor result for a ratio between them to
+  result must share with a baseline or ceiling result for a ratio between them to
   be meaningful (a reference that lacks one of those parameters matches any value);
 - `configurations(ctx) -> list[Config]`;
 - optionally ROUNDS: rounds of every configuration in a full run (default 1; a
   quick run does 1; `--rounds` overrides both);
 - optionally `ratios(results_by_name) -> dict[str, float]`: named same-run ratios
-  beyond the baseline / floor columns, computed once the suite has run.
+  beyond the baseline / ceiling columns, computed once the suite has run.
 """
 
 from __future__ import annotations

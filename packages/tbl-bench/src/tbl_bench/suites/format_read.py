@@ -12,7 +12,7 @@ hours; the rate is what is compared).
 Targets (produce): in order >= 400,000 rows/s, random >= 300,000 rows/s.
 
 Baseline: litdata 0.2.76 `StreamingDataset` (iteration and `ds[i]`, in the main
-process, no DataLoader workers, like tbl_format here). Floor: the same rows as
+process, no DataLoader workers, like tbl_format here). Ceiling: the same rows as
 a Python list of dicts in RAM. The module imports only the standard library at
 top level: the peer interpreter runs it.
 """
@@ -145,7 +145,7 @@ def configurations(ctx: BenchContext) -> list[Config]:
             configs.append(Config(NAME, f"tbl_format/{order}/{level}", "tbl_format", target,
                                   {**params, "tool": "tbl_format", "path": str(tbl_path)}, **common))
             configs.append(Config(NAME, f"list/{order}/{level}", "list", target,
-                                  {**params, "tool": "list", "path": ""}, role="floor", **common))
+                                  {**params, "tool": "list", "path": ""}, role="ceiling", **common))
             if ctx.peers:
                 configs.append(Config(NAME, f"litdata/{order}/{level}", "litdata", target,
                                       {**params, "tool": "litdata", "path": lit_path, "limit": LITDATA_RANDOM_READS},

@@ -2,14 +2,18 @@
 
 Subjects: TBL's ImageLoader; a hand-written numpy pipeline over the same
 column (np.take + lookup table + transpose: what a user writes without the
-kernels); TurboLoader and litdata with --peers; FFCV when it imports.
+kernels); with --peers TurboLoader, litdata, Mosaic streaming, webdataset and
+FFCV (skipped with the import error where it does not import), each serving
+its own converted copy of the same images.
 Baseline: the PyTorch DataLoader + PIL pipeline decoding the TAR every epoch
-(2 workers). Floor: copying the batch's output bytes (float32 CHW) from a
+(2 workers). Ceiling: copying the batch's output bytes (float32 CHW) from a
 buffer larger than the caches - no loader that writes float32 batches can beat
 it. Same data, same batch size and the same consumer for all.
 
-TBL and TurboLoader crop from the stored size x size image; the PIL and
-litdata pipelines crop from the image they decode (the full photo for PIL).
+TBL and TurboLoader crop from the stored size x size image; the PIL, litdata,
+Mosaic streaming and webdataset pipelines crop from the image they decode (the
+full photo for PIL, the stored image for the others); FFCV crops inside its
+decoder from the stored image.
 """
 
 from __future__ import annotations
@@ -29,20 +33,26 @@ COMPARE_ON = ("level", "aug", "size")
 # Plain and flip are served at the stored size; crop is RandomResizedCrop to 224 px
 # from 256-px storage (TBL) or from the decoded photo (PIL, litdata).
 CROP_STORAGE, CROP_OUTPUT = 256, 224
-SLOW_TOOLS = ("pil", "litdata")
+SLOW_TOOLS = ("pil", "litdata", "mosaic", "webdataset")
 
 _RING_BYTES = 256 << 20
 
 
-class _MemcpyFloor:
+# Output dtype -> a numpy type of the same width: the ceiling copies the same number of bytes.
+_COPY_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "uint8": np.uint8}
+
+
+class _MemcpyCeiling:
     """Copy each batch's output bytes out of a 256 MiB ring (so they come from DRAM, not cache)."""
 
-    def __init__(self, count: int, batch_size: int, size: int, level: str):
+    def __init__(self, count: int, batch_size: int, size: int, level: str, dtype: str = "float32"):
         self.items_per_epoch = count
         self.batch_size, self.level = batch_size, level
         per_image = 3 * size * size
-        self.ring = np.ones(max(_RING_BYTES // 4, batch_size * per_image), dtype=np.float32)
-        self.out = np.empty((batch_size, 3, size, size), dtype=np.float32)
+        copy_type = _COPY_TYPES[dtype]
+        itemsize = np.dtype(copy_type).itemsize
+        self.ring = np.ones(max(_RING_BYTES // itemsize, batch_size * per_image), dtype=copy_type)
+        self.out = np.empty((batch_size, 3, size, size), dtype=copy_type)
         self.per_batch = batch_size * per_image
         self.info = {"ring_bytes": self.ring.nbytes}
 
@@ -64,9 +74,11 @@ class _MemcpyFloor:
         self.ring = self.out = None
 
 
-def memcpy_floor(count: int, batch_size: int, size: int, level: str):
-    """Workload factory: the memory-copy floor for float32 CHW batches of `size`."""
-    return _MemcpyFloor(count, batch_size, size, level)
+def memcpy_ceiling(count: int, batch_size: int, size: int, level: str, dtype: str = "float32"):
+    """Workload factory: the memory-copy ceiling for CHW batches of `size` in `dtype` (its bytes per element)."""
+    if dtype not in _COPY_TYPES:
+        raise ValueError(f"dtype must be one of {tuple(_COPY_TYPES)}, got {dtype!r}")
+    return _MemcpyCeiling(count, batch_size, size, level, dtype)
 
 
 def _image_loader():
@@ -87,7 +99,7 @@ def _crop_spec(size: int):
 
 class _TblServe:
     def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device,
-                 verify: str = "never", reopen: bool = False):
+                 verify: str = "never", reopen: bool = False, dtype: str = "float32"):
         ImageLoader = _image_loader()
         if aug not in AUGMENTATIONS:
             raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
@@ -106,13 +118,15 @@ class _TblServe:
             kwargs["device"] = device
         if verify != "never":
             kwargs["verify"] = verify
+        if dtype != "float32":
+            kwargs["dtype"] = dtype
         # reopen: a new loader (fresh maps, nothing verified yet) every epoch, so each timed epoch
         # pays what a first epoch pays.
         self.open_loader = lambda: ImageLoader(path, batch_size, shuffle=True, seed=seed, num_threads=threads,
                                                **kwargs)
         self.reopen = reopen
         self.loader = self.open_loader()
-        self.info = {"num_threads": threads, "device": device, "verify": verify, "reopen": reopen}
+        self.info = {"num_threads": threads, "device": device, "verify": verify, "reopen": reopen, "dtype": dtype}
 
     def run_epoch(self, epoch: int) -> int:
         if self.reopen:
@@ -130,12 +144,13 @@ class _TblServe:
 
 
 def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None,
-              verify: str = "never", reopen: bool = False):
+              verify: str = "never", reopen: bool = False, dtype: str = "float32"):
     """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
 
     `size` is the output size of the crop configuration; plain and flip serve the stored size.
-    `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost)."""
-    return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen)
+    `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost);
+    `dtype` the output dtype."""
+    return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen, dtype)
 
 
 class _NumpyReference:
@@ -213,9 +228,9 @@ def configurations(ctx: BenchContext) -> list[Config]:
     count = s.images
     for size in sorted({size for _, size in _augs_at(ctx)}):
         for level in LEVELS:
-            configs.append(cfg(f"memcpy/{level}/{size}", "memcpy", "tbl_bench.suites.images:memcpy_floor",
+            configs.append(cfg(f"memcpy/{level}/{size}", "memcpy", "tbl_bench.suites.images:memcpy_ceiling",
                                {"count": count, "batch_size": s.batch_size, "size": size, "level": level},
-                               role="floor"))
+                               role="ceiling"))
     tar = str(ctx.image_tar())
     for aug, size in _augs_at(ctx):
         path, skip = tbl_path(CROP_STORAGE, "center_crop") if aug == "crop" else tbl_path(size, "squash")
@@ -267,6 +282,27 @@ def peer_configurations(ctx: BenchContext, cfg) -> list[Config]:
         configs.append(cfg(f"litdata/consume/{aug}/{size}", "litdata", "tbl_bench.peers.litdata_peer:litdata_serve",
                            {"path": ld_path, "size": size, "batch_size": s.batch_size, "aug": aug,
                             "level": "consume"}, skip=ld_skip, peer=True))
-    configs.append(cfg("ffcv/consume/plain", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
-                       {"level": "consume", "aug": "plain"}, peer=True))
+        # Mosaic streaming and webdataset run the PIL baseline's per-sample transforms in 2 DataLoader
+        # workers (like litdata); FFCV runs its own compiled pipeline, so it is measured at both levels.
+        for tool, prepare, target, extra in (
+                ("mosaic", ctx.mosaic_images, "tbl_bench.peers.mosaic_peer:mosaic_serve", {}),
+                ("webdataset", ctx.webdataset_images, "tbl_bench.peers.webdataset_peer:webdataset_serve",
+                 {"count": s.images})):
+            path, skip = _peer_data(prepare, size)
+            configs.append(cfg(f"{tool}/consume/{aug}/{size}", tool, target,
+                               {"path": path, "size": size, "batch_size": s.batch_size, "aug": aug,
+                                "level": "consume", **extra}, skip=skip, peer=True))
+        ffcv_path, ffcv_skip = _peer_data(ctx.ffcv_images, size)
+        for level in LEVELS:
+            configs.append(cfg(f"ffcv/{level}/{aug}/{size}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
+                               {"path": ffcv_path, "size": size, "batch_size": s.batch_size, "aug": aug,
+                                "level": level}, skip=ffcv_skip, peer=True))
     return configs
+
+
+def _peer_data(prepare, size: int) -> tuple[str, str | None]:
+    """(path, None) of a peer's converted copy of the images, or ("", why it could not be made)."""
+    try:
+        return str(prepare(size)), None
+    except DataUnavailable as e:
+        return "", str(e)

@@ -5,7 +5,7 @@ setup), draws random indices over all of it and times one batch of 256 per
 epoch: after warm-up batches, at least 20 timed batches and more until they
 cover one second. Each full run does 3 rounds, round-robin. Configurations:
 
-* ``copy-SIZE`` (floor): ``np.copyto`` of a buffer as large as one float32
+* ``copy-SIZE`` (ceiling): ``np.copyto`` of a buffer as large as one float32
   batch moves (read + written), single-threaded: the machine's own memory
   bandwidth, same run; its "images" are batches of that many bytes.
 * ``tbl-SIZE-DTYPE-Nt``: ``tbl_kernels.gather_normalize`` / ``gather_u8`` at
@@ -149,7 +149,7 @@ def configurations(ctx: BenchContext) -> list[Config]:
                               env={"OMP_NUM_THREADS": str(threads)}))
 
     for size in (224,) if ctx.quick else (160, 224):
-        add(f"copy-{size}", "numpy", "copy", size, "float32", 1, role="floor")
+        add(f"copy-{size}", "numpy", "copy", size, "float32", 1, role="ceiling")
         for threads in (1, 2):
             for dtype in ("float32", "float16", "bfloat16", "uint8"):
                 add(f"tbl-{size}-{dtype}-{threads}t", "tbl", "gather", size, dtype, threads)
@@ -165,7 +165,7 @@ def configurations(ctx: BenchContext) -> list[Config]:
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
-    """Same-run ratios between configurations: dtypes, threads, the copy floor and TurboLoader."""
+    """Same-run ratios between configurations: dtypes, threads, the copy ceiling and TurboLoader."""
 
     def rate(name):
         r = results.get(name)

@@ -3,7 +3,7 @@
 Two workloads: 80,000 rows of {int, float, str, bool} and 1,000,000 rows of
 {(64,) float32 array, str, int}. Every row read is consumed the same way
 (every leaf touched, arrays summed). Subjects: `tbl_format.open(...)[i]` in a
-shuffled order and `iter(dataset)` in file order. Floor: the same rows as a
+shuffled order and `iter(dataset)` in file order. Ceiling: the same rows as a
 Python list of dicts already in RAM (its load time is the setup column).
 """
 
@@ -72,7 +72,7 @@ def tbl_rows(path: str, order: str, rows: str, seed: int = 0):
 
 
 def pickled_rows(path: str, order: str, rows: str, seed: int = 0):
-    """Workload factory: the rows unpickled into a list of dicts (the all-in-RAM floor)."""
+    """Workload factory: the rows unpickled into a list of dicts (the all-in-RAM ceiling)."""
     with open(path, "rb") as f:
         return _Rows(pickle.load(f), order, seed)
 
@@ -90,7 +90,7 @@ def configurations(ctx: BenchContext) -> list[Config]:
         for order in ORDERS:
             params = {"order": order, "rows": kind}
             configs.append(Config(NAME, f"list/{kind}/{order}", "python-list", "tbl_bench.suites.pytree:pickled_rows",
-                                  {"path": pkl, **params}, role="floor", **common))
+                                  {"path": pkl, **params}, role="ceiling", **common))
             configs.append(Config(NAME, f"tbl/{kind}/{order}", "tbl", "tbl_bench.suites.pytree:tbl_rows",
                                   {"path": tbl_path, **params}, skip=skip, **common))
     return configs

@@ -140,5 +140,8 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
     tbl, lit = results.get("tbl"), results.get("litdata")
     if not (tbl and lit):
         return {}
-    return {"throughput tbl / litdata": tbl["throughput"] / lit["throughput"],
-            "peak tree anon litdata / tbl": lit["rss"]["tree_peak_anon_kb"] / max(tbl["rss"]["tree_peak_anon_kb"], 1)}
+    out = {"throughput tbl / litdata": tbl["throughput"] / lit["throughput"]}
+    lit_anon, tbl_anon = (r["rss"]["tree_peak_anon_kb"] for r in (lit, tbl))
+    if lit_anon is not None and tbl_anon is not None:  # None where the platform does not split RSS
+        out["peak tree anon litdata / tbl"] = lit_anon / max(tbl_anon, 1)
+    return out

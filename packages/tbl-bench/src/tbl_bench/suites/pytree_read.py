@@ -9,7 +9,7 @@ tbl/item           ``ds[i]`` over a random permutation of every row
 tbl/batch-fixed    ``get_batch`` of 256 random rows, fixed-size leaves
                    (``leaves=["id", "score", "flag"]``)
 tbl/batch-all      ``get_batch`` of 256 random rows, every leaf (str included)
-ram/take-fixed     floor: ``np.take`` of the same three columns held in RAM
+ram/take-fixed     ceiling: ``np.take`` of the same three columns held in RAM
 litdata/iter       baseline: ``for row in StreamingDataset(dir)`` (litdata 0.2.76, file order)
 litdata/item       baseline: ``StreamingDataset[i]`` over 2,000 random rows per epoch
 =================  ==========================================================
@@ -62,16 +62,16 @@ def write_litdata(dst: str, rows: int) -> None:
                      verbose=False, mode="overwrite")
 
 
-def _batches(rows: int, epoch: int) -> list[np.ndarray]:
+def _batches(rows: int, epoch: int, batch: int = BATCH) -> list[np.ndarray]:
     perm = np.random.default_rng(epoch).permutation(rows)
-    return [perm[a : a + BATCH] for a in range(0, rows, BATCH)]
+    return [perm[a : a + batch] for a in range(0, rows, batch)]
 
 
 class _Reads:
     """One epoch of `op`; random indices are drawn in prepare_epoch (untimed)."""
 
-    def __init__(self, ds, op: str, rows: int, item_rows: int):
-        self.ds, self.op, self.rows, self.item_rows = ds, op, rows, item_rows
+    def __init__(self, ds, op: str, rows: int, item_rows: int, batch: int = BATCH):
+        self.ds, self.op, self.rows, self.item_rows, self.batch = ds, op, rows, item_rows, batch
         self.items_per_epoch = item_rows if op == "item" else rows
         self.indices = None
         self.info = {}
@@ -80,7 +80,7 @@ class _Reads:
         if self.op == "item":
             self.indices = np.random.default_rng(epoch).permutation(self.rows)[: self.item_rows].tolist()
         elif self.op != "iter":
-            self.indices = _batches(self.rows, epoch)
+            self.indices = _batches(self.rows, epoch, self.batch)
 
     def run_epoch(self, epoch: int) -> int:
         ds = self.ds
@@ -117,8 +117,19 @@ def tbl_reads(path: str, op: str, rows: int):
     return _Reads(ds, op, rows, rows)
 
 
+def user_reads(path: str, op: str, batch_size: int = BATCH):
+    """Workload factory: PyTreeDataset over the user's .tbl, every row per epoch, by `op` (iter, item, batch-all)."""
+    from tbl_loader import PyTreeDataset
+
+    if op not in ("iter", "item", "batch-all"):
+        raise ValueError(f"op must be iter, item or batch-all on a user's dataset, got {op!r}")
+    ds = PyTreeDataset(path)
+    rows = len(ds)
+    return _Reads(ds, op, rows, rows, batch_size)
+
+
 def ram_take(rows: int, op: str = "batch-fixed"):
-    """Workload factory (floor): np.take of the three fixed-size columns held in RAM."""
+    """Workload factory (ceiling): np.take of the three fixed-size columns held in RAM."""
     cols = [np.arange(rows, dtype=np.int64), np.arange(rows) * 0.25, np.arange(rows) % 3 == 0]
     return _Reads(cols, "take-fixed", rows, rows)
 
@@ -143,7 +154,7 @@ def configurations(ctx: BenchContext) -> list[Config]:
     configs = [Config(NAME, f"tbl/{op}", "tbl", "tbl_bench.suites.pytree_read:tbl_reads",
                       {"path": str(tbl_path), "op": op, "rows": rows}, **common) for op in TBL_OPS]
     configs.append(Config(NAME, "ram/take-fixed", "numpy", "tbl_bench.suites.pytree_read:ram_take",
-                          {"rows": rows, "op": "batch-fixed"}, role="floor", **common))
+                          {"rows": rows, "op": "batch-fixed"}, role="ceiling", **common))
     if ctx.peers:
         try:
             lit_path, skip = str(ctx.peer_artifact(f"pytree-read-{rows}-litdata", {"kind": "pytree_read",

@@ -1,8 +1,8 @@
-"""End-to-end training steps of a small CNN on the CPU: loader overhead against the compute floor.
+"""End-to-end training steps of a small CNN on the CPU: loader overhead against the compute ceiling.
 
-Each epoch runs forward, backward and an SGD step on every batch. The floor is
+Each epoch runs forward, backward and an SGD step on every batch. The ceiling is
 the same CNN fed from a tensor preloaded in RAM (no loader at all): an epoch
-cannot be faster than that, so median / floor median is what the loader costs
+cannot be faster than that, so median / ceiling median is what the loader costs
 on top of the compute. Loader and model share the same cores, as on a real
 training box.
 """
@@ -71,7 +71,7 @@ class _Trainer:
 
 
 class _Preloaded(_Trainer):
-    """The floor: random normalized images already in RAM as one float32 tensor."""
+    """The ceiling: random normalized images already in RAM as one float32 tensor."""
 
     def __init__(self, count: int, size: int, batch_size: int, num_classes: int, seed: int):
         super().__init__(num_classes, seed)
@@ -90,7 +90,7 @@ class _Preloaded(_Trainer):
 
 
 def preloaded(count: int, size: int, batch_size: int, num_classes: int, seed: int = 0):
-    """Workload factory: the compute floor (no loader)."""
+    """Workload factory: the compute ceiling (no loader)."""
     return _Preloaded(count, size, batch_size, num_classes, seed)
 
 
@@ -164,13 +164,13 @@ def turbo_fed(path: str, tar: str, batch_size: int, aug: str, num_classes: int, 
 
 def configurations(ctx: BenchContext) -> list[Config]:
     s = ctx.sizes
-    # The floor holds the whole dataset in RAM as float32 (1.9 GiB at 10,000 images of 160 px).
+    # The ceiling holds the whole dataset in RAM as float32 (1.9 GiB at 10,000 images of 160 px).
     common = {"warmup": 1, "epochs": min(s.epochs, 3), "unit": UNIT}
     base = {"batch_size": 64, "num_classes": s.classes}
     tar = str(ctx.image_tar())
     configs = [
-        Config(NAME, "preloaded", "floor", "tbl_bench.suites.train:preloaded",
-               {"count": s.images, "size": s.image_size, **base}, role="floor", **common),
+        Config(NAME, "preloaded", "ceiling", "tbl_bench.suites.train:preloaded",
+               {"count": s.images, "size": s.image_size, **base}, role="ceiling", **common),
     ]
     try:
         tbl_path, skip = str(ctx.tbl_images(mode="squash")), None
