@@ -19,9 +19,19 @@ from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, Imag
 from .order import BatchPlan, EpochOrder
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
-from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
+from .pytree import (
+    VAR_MODES,
+    CollatedBatch,
+    Masked,
+    Padded,
+    PyTreeDataset,
+    PyTreeLoader,
+    collate_identity,
+    collate_tensors,
+)
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
+from .subset import SubsetError
 from .verify import VERIFY_MODES
 from .version import __version__
 
@@ -29,6 +39,7 @@ __all__ = [
     "Batch",
     "BatchPlan",
     "BatchSource",
+    "CollatedBatch",
     "ConvertReport",
     "DestinationError",
     "EpochOrder",
@@ -57,6 +68,7 @@ __all__ = [
     "StateMismatchError",
     "StreamCursor",
     "StreamOptions",
+    "SubsetError",
     "UnsupportedImageModeError",
     "VAR_MODES",
     "VERIFY_MODES",
@@ -64,6 +76,7 @@ __all__ = [
     "__version__",
     "allocate_host",
     "collate_identity",
+    "collate_tensors",
     "convert",
     "merge_parts",
     "order",

@@ -29,6 +29,7 @@ from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, Ra
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
+from .subset import resolve_rows
 from .verify import verify_mode
 
 __all__ = ["Batch", "ImageLoader"]
@@ -129,6 +130,8 @@ class ImageLoader(HostLoader):
     to torch.distributed's when it is initialized. ``padding`` ("wrap" or "drop")
     evens out the ranks' shards. ``verify`` (``"never"``, ``"open"`` or
     ``"lazy"``): when data-block checksums are checked, see :mod:`tbl_loader.verify`.
+    ``rows`` (dataset rows: an index array or a range) and ``subsample`` (a fraction):
+    serve a subset, see :mod:`tbl_loader.subset`; ``num_samples`` is then its size.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -160,6 +163,8 @@ class ImageLoader(HostLoader):
         image_key: str = "image",
         label_key: str = "label",
         verify: str | bool = "never",
+        rows: Any = None,
+        subsample: float | None = None,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -183,8 +188,10 @@ class ImageLoader(HostLoader):
             if verify == "open" and closers == []:
                 dataset.verify()  # the caller's dataset: check it here, once
             columns = spec.bind(dataset)
-            cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
-                                  settings=spec.stream_settings())
+            subset = resolve_rows(columns.num_samples, rows, subsample)
+            cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
+                                  dataset_fingerprint=dataset.fingerprint, settings=spec.stream_settings(),
+                                  rows=subset)
             source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
         except BaseException:

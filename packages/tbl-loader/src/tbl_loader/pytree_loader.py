@@ -27,6 +27,7 @@ from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
 from .pytree_batch import Collator, Masked, Padded, RowSource
 from .state import pytree_fingerprint_v0_1
+from .subset import resolve_rows
 from .verify import verify_mode
 
 __all__ = ["PyTreeLoader"]
@@ -74,6 +75,7 @@ class PyTreeLoader(HostLoader):
     :class:`tbl_loader.cursor.StreamCursor` and :class:`tbl_loader.pipeline.HostPipeline`).
     ``leaves`` selects leaf paths; ``max_open`` bounds the shards mapped at once;
     ``verify`` (``"never"``, ``"open"``, ``"lazy"``) is as in ImageLoader (:mod:`tbl_loader.verify`).
+    ``rows`` / ``subsample`` serve a subset (:mod:`tbl_loader.subset`).
 
     Ring buffers are reused only after every view of a batch was dropped; keep
     copies rather than batches if you store them.
@@ -99,6 +101,8 @@ class PyTreeLoader(HostLoader):
         return_indices: bool = False,
         max_open: int = tbl_format.DEFAULT_MAX_OPEN,
         verify: str | bool = "never",
+        rows: Any = None,
+        subsample: float | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
@@ -109,8 +113,11 @@ class PyTreeLoader(HostLoader):
         source = RowSource(path, max_open=max_open, verify=verify == "open")
         try:
             collator = Collator(source.schema, leaves, var)
-            cursor = StreamCursor(source.num_rows, options, dataset_fingerprint=source.dataset.fingerprint,
-                                  accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),))
+            subset = resolve_rows(source.num_rows, rows, subsample)
+            cursor = StreamCursor(source.num_rows if subset is None else subset.shape[0], options,
+                                  dataset_fingerprint=source.dataset.fingerprint,
+                                  accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),),
+                                  rows=subset)
             pipeline = HostPipeline(_PyTreeSource(source, collator, verify_lazily=verify == "lazy"), output,
                                     capacity=options.batch_size,
                                     prefetch=prefetch, closers=[source.close])
