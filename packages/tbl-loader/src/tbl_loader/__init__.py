@@ -32,6 +32,7 @@ from .pytree import (
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .subset import SubsetError
+from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset
 from .verify import VERIFY_MODES
 from .version import __version__
 
@@ -42,6 +43,8 @@ __all__ = [
     "CollatedBatch",
     "ConvertReport",
     "DestinationError",
+    "EpochBatch",
+    "EpochBatchSampler",
     "EpochOrder",
     "HostArray",
     "HostLoader",
@@ -49,6 +52,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ImageColumns",
+    "ImageDataset",
     "ImageDecodeError",
     "ImageLoader",
     "ImageSpec",

@@ -73,18 +73,19 @@ def as_indices(indices: Any, num_rows: int) -> np.ndarray:
 
 
 class CollatedBatch(Sequence):
-    """What ``PyTreeDataset.__getitems__`` returns to torch's DataLoader: the rows of one batch.
+    """What a map-style dataset's ``__getitems__`` returns to torch's DataLoader: the rows of one batch.
 
-    ``collate_identity`` turns it into the collated pytree (``ds.get_batch(indices)``: one
-    kernel call for every fixed-size leaf). Any other ``collate_fn`` (torch's default
-    collate included) sees a sequence of ``len(indices)`` samples, each ``ds[i]`` with
-    writable array copies, and collates them as it would for any map-style dataset:
-    correct, but row by row. Nothing is read until one of the two is asked for.
+    ``collate_identity`` turns it into the batch collated once by the dataset
+    (``dataset.get_batch(indices)``: one kernel call per batch). Any other
+    ``collate_fn`` (torch's default collate included) sees a sequence of
+    ``len(indices)`` samples, each ``dataset.collate_row(indices, k)`` (``ds[indices[k]]`` with writable
+    array copies), and collates them as for any map-style dataset: the same values,
+    row by row. Nothing is read until one of the two is asked for.
     """
 
-    def __init__(self, dataset: PyTreeDataset, indices: Any) -> None:
+    def __init__(self, dataset: Any, indices: Any) -> None:
         self.dataset = dataset
-        self.indices = list(indices)
+        self.indices = indices
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -92,11 +93,11 @@ class CollatedBatch(Sequence):
     def __getitem__(self, k: Any) -> Any:
         if isinstance(k, slice):
             return [self[j] for j in range(*k.indices(len(self.indices)))]
-        return self.dataset._row_copy(self.indices[k])
+        return self.dataset.collate_row(self.indices, k)
 
     @property
     def collated(self) -> Any:
-        """The batch as one collated pytree (see :meth:`PyTreeDataset.get_batch`)."""
+        """The batch as the dataset collates it (``dataset.get_batch(indices)``)."""
         return self.dataset.get_batch(self.indices)
 
 
@@ -251,8 +252,9 @@ class PyTreeDataset:
         """
         return CollatedBatch(self, indices)
 
-    def _row_copy(self, i: Any) -> Any:
-        """``ds[i]`` with writable copies of its array leaves (what a collate_fn may stack or wrap)."""
+    def collate_row(self, indices: Any, k: int) -> Any:
+        """``ds[indices[k]]`` with writable copies of its array leaves (what a collate_fn may stack or wrap)."""
+        i = indices[k]
         if self._row_copier is None:
             self._ensure()
             self._row_copier = Collator(self.schema, self._leaves, self._var, copy_arrays=True).select
