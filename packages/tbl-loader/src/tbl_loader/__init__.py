@@ -16,6 +16,7 @@ from .cursor import Resumable, StreamCursor, StreamOptions
 from .decode import PillowConfigError, UnsupportedImageModeError
 from .image_loader import Batch, ImageLoader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
+from .keys import keys_uniform, numpy_generator, sample_keys, torch_generator
 from .order import BatchPlan, EpochOrder
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
@@ -82,6 +83,10 @@ __all__ = [
     "collate_identity",
     "collate_tensors",
     "convert",
+    "keys_uniform",
     "merge_parts",
+    "numpy_generator",
     "order",
+    "sample_keys",
+    "torch_generator",
 ]

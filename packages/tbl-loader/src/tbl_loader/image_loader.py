@@ -15,8 +15,9 @@ one :class:`~tbl_loader.image_spec.ImageSpec`.
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -24,24 +25,30 @@ import tbl_format
 
 from . import order
 from ._kernels import kernels
+from .batch import Batch
 from .cursor import StreamCursor, StreamOptions
-from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop
+from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop, view_seed
+from .keys import sample_keys
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
 from .subset import resolve_rows
+from .transforms import TransformStage
 from .verify import verify_mode
 
 __all__ = ["Batch", "ImageLoader"]
 
 
-class Batch(NamedTuple):
-    """One batch: images ``(B, C, H, W)`` or ``(B, H, W, C)``, labels ``(B,)`` int64 or None, and the
-    dataset row of every sample (``indices``, int64 on the host)."""
+def image_batch(outputs: dict[str, Any], plan: BatchPlan, seed: int, backend: str, views: int) -> Batch:
+    """The Batch of one plan from its exported buffers: images of every view, labels, rows (host) and keys."""
+    indices: Any = plan.sample_ids.copy()
+    if backend == "torch":
+        import torch  # only loaders that output torch get here
 
-    images: Any
-    labels: Any
-    indices: Any
+        indices = torch.from_numpy(indices)
+    images = (outputs["images"], *(outputs[f"images_{v}"] for v in range(1, views)))
+    return Batch(images[0], outputs.get("labels"), indices, keys=sample_keys(seed, plan.epoch, plan.sample_ids),
+                 views=images)
 
 
 def _label_rows(seg: np.ndarray) -> np.ndarray:
@@ -70,6 +77,12 @@ class _ImageSource:
         self.num_samples = columns.num_samples
         self._center_boxes: np.ndarray | None = None
         self._flips: tuple[int, np.ndarray] | None = None  # (epoch, flip of every sample id)
+        # Multi-crop: views 1.. as (buffer name, crop, view seed, served shape); view 0 is "images" above.
+        self.extra_views = [
+            (f"images_{v}", crop, view_seed(seed, v),
+             (columns.channels, *crop.output_size) if spec.layout == "CHW" else (*crop.output_size, columns.channels))
+            for v, crop in enumerate(spec.extra_crops, start=1)
+        ]
 
     def _flip_mask(self, epoch: int, ids: np.ndarray) -> np.ndarray | None:
         """This batch's flips, from a table of the whole epoch's draws (one vectorized pass per epoch
@@ -83,6 +96,8 @@ class _ImageSource:
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.dtype, output)}
+        for name, _, _, shape in self.extra_views:
+            buffers[name] = allocate_host((capacity, *shape), self.dtype, output)
         if self.labels is not None:
             buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
         if self.center_box is not None and (self._center_boxes is None or len(self._center_boxes) < capacity):
@@ -107,6 +122,11 @@ class _ImageSource:
             kernels.gather_u8(self.images, ids, out, flip, self.layout)
         else:
             kernels.gather_normalize(self.images, ids, out, self.table, flip, self.layout)
+        for name, crop, seed, _ in self.extra_views:
+            boxes = order.random_resized_crop_boxes(seed, plan.epoch, ids, self.height, self.width, crop.scale,
+                                                    crop.ratio)
+            flip = order.flip_draws(seed, plan.epoch, ids, self.hflip) if self.hflip else None
+            kernels.gather_crop_resize(self.images, ids, boxes, buffers[name][:n], self.table, flip, self.layout)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
 
@@ -132,6 +152,11 @@ class ImageLoader(HostLoader):
     ``"lazy"``): when data-block checksums are checked, see :mod:`tbl_loader.verify`.
     ``rows`` (dataset rows: an index array or a range) and ``subsample`` (a fraction):
     serve a subset, see :mod:`tbl_loader.subset`; ``num_samples`` is then its size.
+    ``transform`` (on the producer thread, on the host batch) and ``device_transform``
+    (after the copy to ``device``): see :mod:`tbl_loader.transforms`; each batch carries
+    per-sample keys (``batch.keys``, :mod:`tbl_loader.keys`) for their randomness.
+    ``random_resized_crop`` may be a list of crop specs (multi-crop): ``batch.views``
+    holds one image batch per spec, ``batch.images`` the first.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -165,6 +190,8 @@ class ImageLoader(HostLoader):
         verify: str | bool = "never",
         rows: Any = None,
         subsample: float | None = None,
+        transform: Any = None,
+        device_transform: Any = None,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -193,7 +220,11 @@ class ImageLoader(HostLoader):
                                   dataset_fingerprint=dataset.fingerprint, settings=spec.stream_settings(),
                                   rows=subset)
             source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None)
-            pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
+            host_batch = functools.partial(_host_batch, seed=options.seed, backend=output.backend,
+                                           views=len(source.extra_views) + 1)
+            stage = TransformStage(host_batch, output, transform, device_transform)
+            pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers,
+                                    stage=stage if transform is not None or device_transform is not None else None)
         except BaseException:
             for close in closers:
                 close()
@@ -208,4 +239,9 @@ class ImageLoader(HostLoader):
         self.verify = verify
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
-        return Batch(outputs["images"], outputs.get("labels"), self._indices(plan))
+        return image_batch(outputs, plan, self.seed, self.output.backend, len(self.spec.extra_crops) + 1)
+
+
+def _host_batch(outputs: dict[str, Any], payload: None, plan: BatchPlan, *, seed: int, backend: str,
+                views: int) -> Batch:
+    return image_batch(outputs, plan, seed, backend, views)

@@ -20,7 +20,17 @@ import numpy as np
 from . import order
 from .output import OUTPUT_DTYPES
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "ImageColumns", "ImageSpec", "RandomResizedCrop"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "ImageColumns", "ImageSpec", "RandomResizedCrop", "view_seed"]
+
+TAG_VIEW_SEED = 66
+"""Stream tag of the per-view seeds of multi-crop (tags below 64 are :mod:`tbl_loader.order`'s)."""
+
+
+def view_seed(seed: int, view: int) -> int:
+    """The seed of crop view ``view``: ``seed`` for view 0, else ``hash_u64(seed, 0, TAG_VIEW_SEED, view)``."""
+    if view == 0:
+        return int(seed)
+    return int(order.hash_u64(seed, 0, TAG_VIEW_SEED, np.array([view], np.uint64))[0])
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -100,6 +110,10 @@ class ImageSpec:
     size, otherwise the stored size. ``dtype``: ``"float32"``, ``"float16"``,
     ``"bfloat16"`` or ``"uint8"``. ``layout``: ``"CHW"`` or ``"HWC"``.
     ``image_key`` / ``label_key``: the leaves holding the image and the label.
+    Multi-crop: ``random_resized_crop`` may be a list of :class:`RandomResizedCrop`
+    specs, one per view; the first stays ``random_resized_crop``, the others become
+    ``extra_crops``. View ``v`` draws its crop and flip with the seed
+    ``view_seed(seed, v)`` (view 0 with ``seed`` itself, so a single view is unchanged).
     """
 
     mean: tuple[float, ...] = IMAGENET_MEAN
@@ -111,8 +125,21 @@ class ImageSpec:
     layout: str = "CHW"
     image_key: str = "image"
     label_key: str = "label"
+    extra_crops: tuple[RandomResizedCrop, ...] = ()
 
     def __post_init__(self) -> None:
+        crops = self.random_resized_crop
+        if isinstance(crops, (list, tuple)):  # multi-crop: the first spec is view 0, the others extra views
+            if not crops:
+                raise ValueError("random_resized_crop needs at least one RandomResizedCrop")
+            object.__setattr__(self, "random_resized_crop", crops[0])
+            object.__setattr__(self, "extra_crops", (*tuple(crops[1:]), *self.extra_crops))
+        for extra in self.extra_crops:
+            if not isinstance(extra, RandomResizedCrop):
+                raise TypeError(f"random_resized_crop views must be RandomResizedCrop, got {type(extra).__name__}")
+            order.random_resized_crop_boxes(0, 0, np.zeros(1, np.int64), extra.output_size[0],
+                                            extra.output_size[1], extra.scale, extra.ratio)
+        object.__setattr__(self, "extra_crops", tuple(self.extra_crops))
         if self.dtype not in OUTPUT_DTYPES:
             raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {self.dtype!r}")
         if self.layout not in LAYOUTS:
@@ -147,7 +174,16 @@ class ImageSpec:
             crop = {"random_resized": self.random_resized_crop.describe()}
         elif self.center_crop is not None:
             crop = {"center": list(self.center_crop)}
-        return {"hflip": self.hflip, "crop": crop, "image_key": self.image_key, "label_key": self.label_key}
+        settings = {"hflip": self.hflip, "crop": crop, "image_key": self.image_key, "label_key": self.label_key}
+        if self.extra_crops:  # only when set: states of single-view loaders keep their fingerprint
+            settings["extra_crops"] = [c.describe() for c in self.extra_crops]
+        return settings
+
+    @property
+    def crops(self) -> tuple[RandomResizedCrop, ...]:
+        """Every random-resized-crop view, in order (empty without random_resized_crop)."""
+        first = () if self.random_resized_crop is None else (self.random_resized_crop,)
+        return (*first, *self.extra_crops)
 
     def bind(self, dataset: Any) -> ImageColumns:
         """``dataset``'s columns checked against this spec (ValueError naming the leaf and the rule broken)."""

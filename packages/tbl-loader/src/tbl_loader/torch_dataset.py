@@ -37,7 +37,7 @@ import numpy as np
 
 import tbl_format
 
-from .image_loader import Batch, _ImageSource
+from .image_loader import Batch, _ImageSource, image_batch
 from .image_spec import ImageSpec
 from .order import BatchPlan
 from .output import OutputSpec
@@ -164,15 +164,10 @@ class ImageDataset:
         rows = pos if self.rows is None else np.ascontiguousarray(self.rows[pos])
         n = rows.shape[0]
         buffers = source.allocate(max(n, 1), self.output)
-        source.fill({k: v.kernel for k, v in buffers.items()}, BatchPlan(int(epoch), 0, rows, 0, False))
-        images = buffers["images"].export(n, self.output)
-        labels = buffers["labels"].export(n, self.output) if "labels" in buffers else None
-        indices = rows.copy()
-        if self.output.backend == "torch":
-            import torch  # only torch outputs get here
-
-            indices = torch.from_numpy(indices)
-        return Batch(images, labels, indices)
+        plan = BatchPlan(int(epoch), 0, rows, 0, False)
+        source.fill({k: v.kernel for k, v in buffers.items()}, plan)
+        outputs = {name: a.export(n, self.output) for name, a in buffers.items()}
+        return image_batch(outputs, plan, self.seed, self.output.backend, len(self.spec.extra_crops) + 1)
 
     def __getitems__(self, positions: Any) -> CollatedBatch:
         """torch DataLoader's batched fetch: a CollatedBatch (``collate_identity`` gives ``get_batch``)."""

@@ -265,6 +265,9 @@ class ResidentImageLoader(Resumable):
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
                          label_key=label_key)
+        if spec.extra_crops:
+            raise ValueError("several random_resized_crop views (multi-crop) are served by tbl_loader.ImageLoader; "
+                             "ResidentImageLoader takes one RandomResizedCrop")
         if channels_last and layout != "CHW":
             raise ValueError('channels_last=True applies to layout="CHW" (HWC batches are channels-last already)')
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
