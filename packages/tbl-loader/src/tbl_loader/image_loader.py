@@ -27,6 +27,7 @@ from . import order
 from ._kernels import kernels
 from .batch import Batch
 from .cursor import StreamCursor, StreamOptions
+from .fields import FieldReader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop, view_seed
 from .keys import sample_keys
 from .order import BatchPlan
@@ -39,18 +40,6 @@ from .verify import verify_mode
 __all__ = ["Batch", "ImageLoader"]
 
 
-def image_batch(outputs: dict[str, Any], plan: BatchPlan, seed: int, backend: str, views: int) -> Batch:
-    """The Batch of one plan from its exported buffers: images of every view, labels, rows (host) and keys."""
-    indices: Any = plan.sample_ids.copy()
-    if backend == "torch":
-        import torch  # only loaders that output torch get here
-
-        indices = torch.from_numpy(indices)
-    images = (outputs["images"], *(outputs[f"images_{v}"] for v in range(1, views)))
-    return Batch(images[0], outputs.get("labels"), indices, keys=sample_keys(seed, plan.epoch, plan.sample_ids),
-                 views=images)
-
-
 def _label_rows(seg: np.ndarray) -> np.ndarray:
     """An int64 label column as the ``(rows, 8)`` uint8 row source the row-gather kernel reads."""
     return seg.view(np.uint8).reshape(seg.shape[0], seg.dtype.itemsize)
@@ -59,10 +48,15 @@ def _label_rows(seg: np.ndarray) -> np.ndarray:
 class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
-    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None) -> None:
+    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None,
+                 fields: FieldReader | None = None) -> None:
         # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
         self.verify_rows = verify_rows
         self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
+        self.fields = fields  # extra leaves (and a label leaf of another kind than int64), or None
+        self.label_field = spec.label_key if columns.label_field else None
+        if fields is not None:
+            self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
         self.seed = seed
@@ -102,9 +96,31 @@ class _ImageSource:
             buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
         if self.center_box is not None and (self._center_boxes is None or len(self._center_boxes) < capacity):
             self._center_boxes = np.ascontiguousarray(np.broadcast_to(self.center_box, (capacity, 4)))
+        if self.fields is not None:
+            buffers.update(self.fields.allocate(capacity, output))
         return buffers
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:  # no payload
+    def batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan, backend: str,
+              torch_device: Any = False) -> Batch:
+        """The Batch of one plan from its exported buffers and payload (the fields' variable-size columns).
+
+        ``torch_device``: where variable-size field arrays go (False: numpy output; None: host)."""
+        indices: Any = plan.sample_ids.copy()
+        if backend == "torch":
+            import torch  # only loaders that output torch get here
+
+            indices = torch.from_numpy(indices)
+        views = (outputs["images"], *(outputs[name] for name, _, _, _ in self.extra_views))
+        labels = outputs.get("labels")
+        fields = {}
+        if self.fields is not None:
+            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
+            if self.label_field is not None:
+                labels = fields.pop(self.label_field)
+        return Batch(views[0], labels, indices, keys=sample_keys(self.seed, plan.epoch, plan.sample_ids),
+                     views=views, fields=fields)
+
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids
         n = ids.shape[0]
         if self.verify_rows is not None:
@@ -129,6 +145,7 @@ class _ImageSource:
             kernels.gather_crop_resize(self.images, ids, boxes, buffers[name][:n], self.table, flip, self.layout)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
+        return None if self.fields is None else self.fields.fill(buffers, ids)
 
 
 class ImageLoader(HostLoader):
@@ -157,6 +174,9 @@ class ImageLoader(HostLoader):
     per-sample keys (``batch.keys``, :mod:`tbl_loader.keys`) for their randomness.
     ``random_resized_crop`` may be a list of crop specs (multi-crop): ``batch.views``
     holds one image batch per spec, ``batch.images`` the first.
+    ``fields`` (leaf paths) serves other leaves of the sample in ``batch.fields`` by the
+    pytree loader's rules (``var``: ``"list"`` or ``"pad"``), see :mod:`tbl_loader.fields`;
+    a label leaf may be an int, a float, a fixed-shape array or optional.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -192,6 +212,8 @@ class ImageLoader(HostLoader):
         subsample: float | None = None,
         transform: Any = None,
         device_transform: Any = None,
+        fields: Any = (),
+        var: str = "list",
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -214,14 +236,16 @@ class ImageLoader(HostLoader):
                 raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
             if verify == "open" and closers == []:
                 dataset.verify()  # the caller's dataset: check it here, once
-            columns = spec.bind(dataset)
+            columns = spec.bind(dataset, any_label=True)
+            field_paths = _field_paths(fields, spec, columns)
             subset = resolve_rows(columns.num_samples, rows, subsample)
             cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
                                   dataset_fingerprint=dataset.fingerprint, settings=spec.stream_settings(),
                                   rows=subset)
-            source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None)
-            host_batch = functools.partial(_host_batch, seed=options.seed, backend=output.backend,
-                                           views=len(source.extra_views) + 1)
+            reader = FieldReader(dataset, field_paths, var) if field_paths else None
+            source = _ImageSource(columns, spec, options.seed, dataset.verify_rows if verify == "lazy" else None,
+                                  reader)
+            host_batch = functools.partial(source.batch, backend=output.backend, torch_device=None)
             stage = TransformStage(host_batch, output, transform, device_transform)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers,
                                     stage=stage if transform is not None or device_transform is not None else None)
@@ -230,6 +254,8 @@ class ImageLoader(HostLoader):
                 close()
             raise
         self._compose(cursor, pipeline)
+        self._source = source
+        self.fields, self.var = tuple(fields or ()), var
         if num_threads is not None:
             kernels.set_num_threads(num_threads)
         self.dataset = dataset
@@ -239,9 +265,16 @@ class ImageLoader(HostLoader):
         self.verify = verify
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
-        return image_batch(outputs, plan, self.seed, self.output.backend, len(self.spec.extra_crops) + 1)
+        return self._source.batch(outputs, payload, plan, self.output.backend, self.output.device)
 
 
-def _host_batch(outputs: dict[str, Any], payload: None, plan: BatchPlan, *, seed: int, backend: str,
-                views: int) -> Batch:
-    return image_batch(outputs, plan, seed, backend, views)
+def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns) -> list[str]:
+    """The leaves read through the field path: ``fields`` plus a label leaf that is not int64."""
+    if isinstance(fields, str):
+        raise TypeError(f"fields must be a sequence of leaf paths, not a single string ({fields!r})")
+    paths = list(fields or ())
+    for reserved in (spec.image_key, spec.label_key):
+        if reserved in paths:
+            raise ValueError(f"{reserved!r} is served as the batch's {'images' if reserved == spec.image_key else 'labels'}"
+                             "; fields are the other leaves")
+    return paths + ([spec.label_key] if columns.label_field else [])

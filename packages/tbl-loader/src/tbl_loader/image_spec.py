@@ -85,6 +85,7 @@ class ImageColumns:
     channels: int
     out_hw: tuple[int, int]
     center_box: np.ndarray | None
+    label_field: bool = False  # a label leaf that is not int64 (rows,): served through the extra-field path
 
     @property
     def num_samples(self) -> int:
@@ -185,9 +186,14 @@ class ImageSpec:
         first = () if self.random_resized_crop is None else (self.random_resized_crop,)
         return (*first, *self.extra_crops)
 
-    def bind(self, dataset: Any) -> ImageColumns:
-        """``dataset``'s columns checked against this spec (ValueError naming the leaf and the rule broken)."""
-        images, labels = _columns(dataset, self.image_key, self.label_key)
+    def bind(self, dataset: Any, *, any_label: bool = False) -> ImageColumns:
+        """``dataset``'s columns checked against this spec (ValueError naming the leaf and the rule broken).
+
+        ``any_label``: a label leaf of another kind than int64 scalars (float, array, ...) is left to
+        the caller (``labels`` None, ``label_field`` True) instead of refused.
+        """
+        images, labels = _columns(dataset, self.image_key, self.label_key, any_label)
+        label_field = labels is None and any_label and self.label_key in list(getattr(dataset, "leaf_paths", []))
         _, height, width, channels = images[0].shape
         if self.normalized and (len(self.mean) != channels or len(self.std) != channels):
             raise ValueError(
@@ -201,10 +207,11 @@ class ImageSpec:
             center_box = order.center_crop_box(height, width, *out_hw)
         else:
             out_hw = (height, width)
-        return ImageColumns(images, labels, height, width, channels, out_hw, center_box)
+        return ImageColumns(images, labels, height, width, channels, out_hw, center_box, label_field)
 
 
-def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+def _columns(dataset: Any, image_key: str, label_key: str,
+             any_label: bool = False) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """The validated image segments and the label segments (or None without a ``label_key`` leaf)."""
     paths = list(getattr(dataset, "leaf_paths", []))
     if image_key not in paths:
@@ -227,6 +234,8 @@ def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndar
         raise ValueError(f"images must have 1 or 3 channels, got {first.shape[3]}")
     if label_key not in paths:
         return images, None
+    if any_label and not _int64_scalar_leaf(dataset, label_key):
+        return images, None
     raw = [s for s in dataset.segments(label_key) if s.shape[0] > 0]
     if [s.shape[0] for s in raw] != [s.shape[0] for s in images]:
         raise ValueError(f"leaf {label_key!r} rows per shard differ from {image_key!r}")
@@ -239,3 +248,9 @@ def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndar
             )
         labels.append(seg)
     return images, labels
+
+
+def _int64_scalar_leaf(dataset: Any, key: str) -> bool:
+    """Whether leaf ``key`` is a required int64 scalar (the label fast path), from the schema alone."""
+    leaf = dataset.schema.leaves[key]
+    return leaf.kind == "int" and not leaf.optional

@@ -22,10 +22,11 @@ import numpy as np
 import tbl_format
 
 from .cursor import StreamCursor, StreamOptions
+from .fields import torch_column
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
-from .pytree_batch import Collator, Masked, Padded, RowSource
+from .pytree_batch import Collator, RowSource
 from .state import pytree_fingerprint_v0_1
 from .subset import resolve_rows
 from .verify import verify_mode
@@ -151,18 +152,4 @@ class PyTreeLoader(HostLoader):
 
     def _convert(self, col: Any) -> Any:
         """Variable-size values as torch objects: arrays become tensors (moved to ``device``), the rest stays."""
-        import torch
-
-        device = self.output.device
-
-        def convert(value: Any) -> Any:
-            if isinstance(value, np.ndarray):
-                t = torch.from_numpy(value)  # a fresh writable array: no copy, no warning
-                return t if device is None else t.to(device)
-            if isinstance(value, (Padded, Masked)):
-                return type(value)(*(convert(part) for part in value))
-            return value
-
-        if isinstance(col, list):
-            return [convert(v) for v in col] if any(isinstance(v, np.ndarray) for v in col) else col
-        return convert(col)
+        return torch_column(col, self.output.device)

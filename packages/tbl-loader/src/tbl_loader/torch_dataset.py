@@ -37,7 +37,8 @@ import numpy as np
 
 import tbl_format
 
-from .image_loader import Batch, _ImageSource, image_batch
+from .fields import FieldReader
+from .image_loader import Batch, _field_paths, _ImageSource
 from .image_spec import ImageSpec
 from .order import BatchPlan
 from .output import OutputSpec
@@ -82,19 +83,21 @@ class ImageDataset:
     ``path``: a ``.tbl`` file, a dataset directory or a TurboLoader v2 file.
     ``image_options``: ImageLoader's image keywords (``mean``, ``std``, ``hflip``,
     ``random_resized_crop``, ``center_crop``, ``dtype``, ``layout``, ``image_key``,
-    ``label_key``), or ``spec``: an :class:`~tbl_loader.ImageSpec` holding them. ``seed``,
+    ``label_key``), or ``spec``: an :class:`~tbl_loader.ImageSpec` holding them. ``fields``,
+    ``var``, ``seed``,
     ``rows``, ``subsample``, ``backend`` as in ImageLoader; ``epoch``: the epoch whose
     draws plain position lists get.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, seed: int = 0, rows: Any = None,
                  subsample: float | None = None, backend: str | None = None, epoch: int = 0,
-                 spec: ImageSpec | None = None, **image_options: Any) -> None:
+                 spec: ImageSpec | None = None, fields: Any = (), var: str = "list", **image_options: Any) -> None:
         if spec is not None and image_options:
             raise TypeError(f"pass spec= or image options, not both (got {sorted(image_options)})")
         self.path = path
         self.spec = spec if spec is not None else ImageSpec(**image_options)
         self.seed = int(seed)
+        self.fields, self.var = tuple(fields), var
         self.output = OutputSpec.create(backend)
         self.epoch = int(epoch)
         self._state: tuple[Any, _ImageSource] | None = None
@@ -111,7 +114,7 @@ class ImageDataset:
     def from_loader(cls, loader: Any) -> ImageDataset:
         """The map-style twin of an ImageLoader: its dataset, image settings, seed, subset and backend."""
         ds = cls(loader.dataset.path, seed=loader.seed, backend=loader.output.backend, epoch=loader.epoch,
-                 spec=loader.spec)
+                 spec=loader.spec, fields=loader.fields, var=loader.var)
         ds.rows = loader.cursor.rows
         ds._len = loader.num_samples
         return ds
@@ -125,12 +128,14 @@ class ImageDataset:
                 if expected is not None and dataset.fingerprint != expected:
                     raise tbl_format.DatasetChangedError(
                         f"{self.path}: the dataset changed since this ImageDataset was created")
-                columns = self.spec.bind(dataset)
+                columns = self.spec.bind(dataset, any_label=True)
+                paths = _field_paths(self.fields, self.spec, columns)
+                reader = FieldReader(dataset, paths, self.var) if paths else None
             except BaseException:
                 dataset.close()
                 raise
             self._source_rows = columns.num_samples
-            self._state = (dataset, _ImageSource(columns, self.spec, self.seed))
+            self._state = (dataset, _ImageSource(columns, self.spec, self.seed, fields=reader))
         return self._state
 
     def close(self) -> None:
@@ -165,9 +170,9 @@ class ImageDataset:
         n = rows.shape[0]
         buffers = source.allocate(max(n, 1), self.output)
         plan = BatchPlan(int(epoch), 0, rows, 0, False)
-        source.fill({k: v.kernel for k, v in buffers.items()}, plan)
+        payload = source.fill({k: v.kernel for k, v in buffers.items()}, plan)
         outputs = {name: a.export(n, self.output) for name, a in buffers.items()}
-        return image_batch(outputs, plan, self.seed, self.output.backend, len(self.spec.extra_crops) + 1)
+        return source.batch(outputs, payload, plan, self.output.backend, None)
 
     def __getitems__(self, positions: Any) -> CollatedBatch:
         """torch DataLoader's batched fetch: a CollatedBatch (``collate_identity`` gives ``get_batch``)."""
