@@ -254,7 +254,6 @@ class ImageLoader(HostLoader):
                 close()
             raise
         self._compose(cursor, pipeline)
-        self._source = source
         self.fields, self.var = tuple(fields or ()), var
         if num_threads is not None:
             kernels.set_num_threads(num_threads)
@@ -265,7 +264,8 @@ class ImageLoader(HostLoader):
         self.verify = verify
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
-        return self._source.batch(outputs, payload, plan, self.output.backend, self.output.device)
+        # The pipeline's source (never kept on the loader: close() must drop it, and with it the maps).
+        return self._pipeline.source.batch(outputs, payload, plan, self.output.backend, self.output.device)
 
 
 def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns) -> list[str]:
