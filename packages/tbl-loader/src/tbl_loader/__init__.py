@@ -17,6 +17,7 @@ from .decode import PillowConfigError, UnsupportedImageModeError
 from .image_loader import Batch, ImageLoader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
 from .keys import keys_uniform, numpy_generator, sample_keys, torch_generator
+from .mix import Mix, MixError
 from .order import BatchPlan, EpochOrder
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
@@ -60,6 +61,8 @@ __all__ = [
     "LAYOUTS",
     "LoaderClosedError",
     "Masked",
+    "Mix",
+    "MixError",
     "OUTPUT_DTYPES",
     "OutputSpec",
     "Padded",
