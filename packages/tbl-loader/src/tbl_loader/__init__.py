@@ -34,6 +34,7 @@ from .pytree import (
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .subset import SubsetError
+from .tokens import TokenError, TokenLoader, write_tokens
 from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset
 from .verify import VERIFY_MODES
 from .version import __version__
@@ -77,6 +78,8 @@ __all__ = [
     "StreamCursor",
     "StreamOptions",
     "SubsetError",
+    "TokenError",
+    "TokenLoader",
     "UnsupportedImageModeError",
     "VAR_MODES",
     "VERIFY_MODES",
@@ -92,4 +95,5 @@ __all__ = [
     "order",
     "sample_keys",
     "torch_generator",
+    "write_tokens",
 ]
