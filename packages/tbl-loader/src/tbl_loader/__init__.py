@@ -14,6 +14,7 @@ from .conversion import (
 )
 from .cursor import Resumable, StreamCursor, StreamOptions
 from .decode import PillowConfigError, UnsupportedImageModeError
+from .extra_columns import SidecarError
 from .image_loader import Batch, ImageLoader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
 from .keys import keys_uniform, numpy_generator, sample_keys, torch_generator
@@ -73,6 +74,7 @@ __all__ = [
     "RandomResizedCrop",
     "Resumable",
     "RingGrowthWarning",
+    "SidecarError",
     "SourceError",
     "StateMismatchError",
     "StreamCursor",
