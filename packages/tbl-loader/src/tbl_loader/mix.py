@@ -142,6 +142,8 @@ class Mix(Resumable):
         if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
             raise MixError("sources must be a non-empty sequence of datasets or loaders")
         self.sources = [_map_style(s) for s in sources]
+        # The map-style twins made here from loaders are this Mix's to close; given datasets are the caller's.
+        self._owned = [m for m, s in zip(self.sources, sources, strict=True) if m is not s]
         self.sizes = [len(s) for s in self.sources]
         if min(self.sizes) < 1:
             raise MixError(f"every source needs at least one sample, got sizes {self.sizes}")
@@ -204,8 +206,10 @@ class Mix(Resumable):
             producer.close()
 
     def close(self) -> None:
-        """Stop the producer; sources opened for this Mix (from loaders) are left to their owners."""
+        """Stop the producer and close the map-style twins made from loaders (given datasets stay open)."""
         self._stop()
+        for source in self._owned:
+            source.close()
 
 
 def _make(sources: list[Any], schedule: tuple[np.ndarray, np.ndarray, np.ndarray],
