@@ -35,7 +35,7 @@ from .pytree import (
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .subset import SubsetError
-from .tokens import TokenError, TokenLoader, write_tokens
+from .tokens import TokenError, TokenLoader, window_offset, write_tokens
 from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset
 from .verify import VERIFY_MODES
 from .version import __version__
@@ -97,5 +97,6 @@ __all__ = [
     "order",
     "sample_keys",
     "torch_generator",
+    "window_offset",
     "write_tokens",
 ]
