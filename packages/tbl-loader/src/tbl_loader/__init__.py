@@ -34,7 +34,7 @@ from .pytree import (
 )
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
-from .subset import SubsetError
+from .subset import SubsetError, resolve_rows
 from .tokens import TokenError, TokenLoader, window_offset, write_tokens
 from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset
 from .verify import VERIFY_MODES
@@ -95,6 +95,7 @@ __all__ = [
     "merge_parts",
     "numpy_generator",
     "order",
+    "resolve_rows",
     "sample_keys",
     "torch_generator",
     "window_offset",
