@@ -6,7 +6,9 @@ proportions. The sources are map-style datasets (``len(ds)`` and
 ``ds.get_batch(positions)``: :class:`~tbl_loader.PyTreeDataset`,
 :class:`~tbl_loader.ImageDataset`) or loaders, which are replaced by their
 map-style twin (an ImageLoader by ``ImageDataset.from_loader``, a PyTreeLoader
-by a ``PyTreeDataset`` of its path, leaves, var mode and subset).
+by a ``PyTreeDataset`` of its path, leaves, var mode and subset). A loader
+source contributes its samples (data, augmentation, subset, fields), not its
+``transform``: transform the Mix's batches instead.
 
 The schedule of epoch ``e`` is a pure function of ``(seed, e)`` (the rules are
 exact, so they can be re-implemented):

@@ -1,7 +1,7 @@
 """User transforms on a loader's batches: ``transform=`` on the producer thread, ``device_transform=`` after the copy.
 
-``transform(batch) -> batch`` runs on the loader's producer thread, on the
-host batch (the same object the loader would yield without a device: torch
+``transform(batch) -> batch`` runs on the loader's producer thread (with
+``prefetch=0``, which has no thread, inline in ``next()``), on the host batch (the same object the loader would yield without a device: torch
 CPU tensors or numpy arrays, plus ``batch.keys``), ``prefetch`` batches ahead
 of training. numpy and torch CPU operations release the GIL for their heavy
 parts, so they overlap the training step. Whatever it returns is what the
