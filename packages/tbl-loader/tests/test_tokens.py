@@ -107,3 +107,22 @@ def test_writer_and_loader_errors(tmp_path, stream):
     images = write_dataset(tmp_path / "im.tbl", make_images(3))
     with pytest.raises(TokenError, match="not a token dataset"):
         TokenLoader(images, 2, 3)
+
+
+def test_window_subsets(stream):
+    path, flat = stream
+    n = (flat.shape[0] - T) // T
+    held_out = range(n - 50, n)
+    val = TokenLoader(path, 8, T, shuffle=False, rows=held_out, backend="numpy")
+    got = _windows(val)
+    assert got.shape == (50, T + 1)
+    for k, j in enumerate(held_out):
+        assert np.array_equal(got[k], flat[j * T : j * T + T + 1])
+    part = TokenLoader(path, 8, T, seed=2, subsample=0.25, backend="numpy")
+    first = part.epoch_order().permutation
+    windows = _windows(part)
+    chosen = part.cursor.rows[first]
+    o = window_offset(2, 0, T)
+    assert all(np.array_equal(w, flat[o + j * T : o + j * T + T + 1]) for w, j in zip(windows, chosen, strict=True))
+    for x in (val, part):
+        x.close()

@@ -44,6 +44,7 @@ from .cursor import StreamCursor, StreamOptions
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
+from .subset import resolve_rows
 
 __all__ = ["TAG_TOKEN_OFFSET", "TOKEN_DTYPES", "TokenError", "TokenLoader", "window_offset", "write_tokens"]
 
@@ -169,13 +170,16 @@ class TokenLoader(HostLoader):
     ``dtype``: output dtype (default: the stored one; ``"int64"`` / ``"int32"`` convert while
     copying). ``shuffle`` (window order and per-epoch offset), ``seed``, ``drop_last``, ``rank`` /
     ``world_size``, ``padding``, ``prefetch``, ``backend``, ``device``, ``pin_memory``: as in
-    ImageLoader. Batches are the ``(B, T + 1)`` arrays / tensors themselves.
+    ImageLoader. ``rows`` / ``subsample``: a subset of the window numbers ``0 .. W - 1``
+    (:mod:`tbl_loader.subset`; e.g. a held-out range of the stream). Batches are the
+    ``(B, T + 1)`` arrays / tensors themselves.
     """
 
     def __init__(self, path: Any, batch_size: int, seq_len: int, *, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, dtype: str | None = None, rank: int | None = None,
                  world_size: int | None = None, padding: str = "wrap", prefetch: int = 2,
-                 backend: str | None = None, device: Any = None, pin_memory: bool = False) -> None:
+                 backend: str | None = None, device: Any = None, pin_memory: bool = False, rows: Any = None,
+                 subsample: float | None = None) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise TokenError(f"seq_len must be an int >= 1, got {seq_len!r}")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
@@ -200,8 +204,10 @@ class TokenLoader(HostLoader):
             out_dtype = np.dtype(dtype) if dtype is not None else flats[0].dtype
             if out_dtype.kind not in "iu":
                 raise TokenError(f"dtype must be an integer dtype, got {dtype!r}")
-            cursor = StreamCursor(windows, options, dataset_fingerprint=dataset.fingerprint,
-                                  settings={"tokens": {"seq_len": seq_len}})
+            subset = resolve_rows(windows, rows, subsample)  # a subset of the windows (same in every epoch)
+            cursor = StreamCursor(windows if subset is None else subset.shape[0], options,
+                                  dataset_fingerprint=dataset.fingerprint,
+                                  settings={"tokens": {"seq_len": seq_len}}, rows=subset)
             source = _TokenSource(flats, seq_len, options.seed, options.shuffle, out_dtype)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
                                     closers=[dataset.close])
