@@ -68,7 +68,7 @@ def test_configurations_are_unique_configs_and_skip_with_the_reason(tmp_path, na
 
 
 @pytest.mark.parametrize("name", ["convert", "images", "train", "kernels", "format_read", "pytree_read",
-                                  "pytree_dataloader"])
+                                  "pytree_dataloader", "tokens"])
 def test_suites_with_peers_mark_them(tmp_path, name):
     configs = load_suite(name).configurations(_ctx(tmp_path, peers=True))
     peer_tools = {c.tool for c in configs if c.peer}
@@ -126,3 +126,24 @@ def test_images_peers_are_every_tool_users_pick_on_the_same_data(tmp_path):
             assert (c.params["batch_size"], c.params["size"]) == (base.params["batch_size"], base.params["size"])
     assert {c.params["aug"] for c in configs if c.tool == "ffcv"} == {"plain", "flip", "crop"}
     assert {c.params["level"] for c in configs if c.tool == "ffcv"} == {"produce", "consume"}
+
+
+def test_tokens_workload_checks_every_window_of_its_warmup_epoch(tmp_path):
+    pytest.importorskip("torch")
+    from tbl_bench.suites import tokens
+
+    tokens.write_tbl(str(tmp_path / "t"), 300_000)
+    for level in tokens.LEVELS:
+        work = tokens.tbl_loader_epochs(str(tmp_path / "t"), 300_000, level)
+        assert work.run_epoch(0) == work.items_per_epoch
+        assert work.info["checked"]["windows"] == work.items_per_epoch // (tokens.SEQ + 1)
+        work.close()
+    broken = tokens.tbl_loader_epochs(str(tmp_path / "t"), 300_000)
+    original = tokens.token
+    tokens.token = lambda i: original(i + 1)
+    try:
+        with pytest.raises(AssertionError, match="differs"):
+            broken.run_epoch(0)
+    finally:
+        tokens.token = original
+        broken.close()

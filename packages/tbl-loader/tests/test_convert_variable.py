@@ -211,3 +211,19 @@ def test_jpeg_store_without_the_decoder_names_the_pip_command(tmp_path: Path, mo
     assert not (tmp_path / "x.tbl").exists()
     rep = convert(src, tmp_path / "r.tbl", max_size=N, store="raw", workers=1, progress=False)  # raw needs no decoder
     assert rep.written == 1
+
+
+def test_keep_path_and_sidecar_columns_beside_variable_images(tmp_path: Path) -> None:
+    """--keep-path and --sidecar add their columns to a --max-size conversion as to a fixed-size one."""
+    files = {f"k{i % 2}/{i:03d}.jpg": d for i, d in enumerate(jpeg_set(6, seed=5, lo=30, hi=150))}
+    src = write_tree(tmp_path / "src", files)
+    sidecar = tmp_path / "side.json"
+    sidecar.write_text(json.dumps({name: {"caption": f"photo {name}"} for name in files}))
+    convert(src, tmp_path / "v.tbl", max_size=N, store="raw", keep_path=True, sidecar=sidecar, progress=False)
+    plain = rows(tmp_path / "v.tbl")
+    convert(src, tmp_path / "p.tbl", max_size=N, store="raw", progress=False)
+    for row, base in zip(plain, rows(tmp_path / "p.tbl"), strict=True):
+        assert np.array_equal(row["image"], base["image"]) and row["height"] == base["height"]
+        assert row["caption"] == f"photo {row['path']}"
+        width, height = Image.open(src / row["path"]).size
+        assert list(row["orig_size"]) == [height, width]

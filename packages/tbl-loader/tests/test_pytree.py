@@ -12,7 +12,7 @@ from conftest import assert_tree_equal
 import tbl_format
 from tbl_format import write, write_parallel
 from tbl_loader import order
-from tbl_loader.pytree import Padded, PyTreeDataset, PyTreeLoader
+from tbl_loader.pytree import Padded, PyTreeDataset, PyTreeLoader, collate_identity
 
 N = 101  # prime: every batch size and world size leaves a remainder
 
@@ -97,7 +97,7 @@ def test_get_batch_equals_stacked_items(sharded, max_open):
     for leaf in (batch["id"], batch["arr"], batch["seq"][0]):
         assert leaf.flags.writeable
     assert_tree_equal(ds[ids.tolist()], batch)
-    assert_tree_equal(ds.__getitems__(ids.tolist()), batch)
+    assert_tree_equal(collate_identity(ds.__getitems__(ids.tolist())), batch)
     assert_tree_equal(ds[10:20], stacked(ds, range(10, 20)))
     assert_tree_equal(ds.get_batch([]), stacked(ds, []))
     assert_tree_equal(ds.get_batch([-1, 0]), stacked(ds, [N - 1, 0]))

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from tbl_format import write
-from tbl_loader.pytree import PyTreeDataset, collate_identity
+from tbl_loader.pytree import PyTreeDataset, collate_identity, collate_tensors
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, default_convert  # noqa: E402
+from torch.utils.data import DataLoader, default_collate  # noqa: E402
 
 N = 103
 
@@ -44,7 +44,7 @@ def test_fork_workers_see_every_row_once_per_epoch(three_shards):
 
 def test_spawn_persistent_workers_with_tensor_batches(three_shards):
     ds = PyTreeDataset(three_shards)
-    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, collate_fn=default_convert,
+    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, collate_fn=collate_tensors,
                         multiprocessing_context="spawn", persistent_workers=True)
     import warnings
 
@@ -54,3 +54,22 @@ def test_spawn_persistent_workers_with_tensor_batches(three_shards):
             batches = list(loader)
             assert isinstance(batches[0]["vec"], torch.Tensor) and batches[0]["id"].dtype == torch.int64
             check_epoch(batches)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_default_collate_gives_the_values_of_collate_identity(three_shards, workers):
+    """torch's default collate (no collate_fn) collates the rows one by one: the same values as the fast path."""
+    ds = PyTreeDataset(three_shards)
+    kw = dict(batch_size=16, shuffle=False, num_workers=workers)
+    if workers:
+        kw["multiprocessing_context"] = "spawn"
+    fast = list(DataLoader(ds, collate_fn=collate_identity, **kw))
+    default = list(DataLoader(ds, **kw))
+    assert len(fast) == len(default) == -(-N // 16)
+    for f, d in zip(fast, default, strict=True):
+        assert torch.equal(d["id"], torch.from_numpy(f["id"]))
+        assert torch.equal(d["vec"], torch.from_numpy(f["vec"]))
+        assert d["name"] == f["name"]
+    rows = ds.__getitems__([3, 1])
+    assert torch.equal(default_collate(rows)["vec"], torch.from_numpy(ds.get_batch([3, 1])["vec"]))
+    ds.close()

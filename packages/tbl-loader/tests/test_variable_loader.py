@@ -375,3 +375,44 @@ def test_a_variable_dataset_at_a_url_equals_local(raw_path, tmp_path):
         assert ld.dataset.fingerprint == tbl_format.open(raw_path).fingerprint
     for field in range(3):
         assert np.array_equal(got[field], want[field])
+
+
+def test_subset_transform_and_keys_on_variable_images(raw_path, var_images):
+    """rows= and transform= work on variable-size images: the subset's rows only, keys per sample, resume exact."""
+    seen_keys = []
+
+    def transform(batch):
+        seen_keys.append(batch.keys.copy())
+        return batch._replace(images=batch.images * 2)
+
+    subset = range(5, 30)
+    with loader(raw_path, 8, hflip=0.5, rows=subset, transform=transform) as ld:
+        ld.set_epoch(1)
+        got = collect(ld)
+    assert sorted(got[2].tolist()) == list(subset)
+    want = expected(var_images, got[2], epoch=1, hflip=0.5)
+    assert np.array_equal(got[0], want * 2)
+    keys = np.concatenate(seen_keys)
+    assert np.array_equal(keys, order_keys(got[2], epoch=1))
+    with loader(raw_path, 8, hflip=0.5, rows=subset) as first:
+        first.set_epoch(1)
+        head = collect(first, limit=1)
+        state = first.state_dict()
+    with loader(raw_path, 5, hflip=0.5, rows=subset) as resumed:
+        resumed.load_state_dict(state)
+        tail = collect(resumed)
+    assert np.array_equal(np.concatenate([head[2], tail[2]]), got[2])
+    assert np.array_equal(np.concatenate([head[0], tail[0]]) * 2, got[0])
+
+
+def order_keys(ids, epoch):
+    from tbl_loader import sample_keys
+
+    return sample_keys(SEED, epoch, np.asarray(ids, np.int64))
+
+
+def test_fields_and_multi_crop_on_variable_images_are_refused_by_name(raw_path):
+    with pytest.raises(ValueError, match="variable-size images"):
+        loader(raw_path, 8, fields=("label",))
+    with pytest.raises(ValueError, match="variable-size images"):
+        loader(raw_path, 8, random_resized_crop=[CROP, RandomResizedCrop(8)])

@@ -150,3 +150,24 @@ def test_batches_are_new_tensors(dataset_path):
             pass
         assert torch.equal(first.images, copy)
         assert bits(first.images).shape == (10, 3, 12, 10)
+
+
+@pytest.mark.parametrize("aug", [{"hflip": 0.5}, {"hflip": 0.5, "random_resized_crop": RandomResizedCrop(8)}])
+def test_subset_parity_and_resume(dataset_path, aug):
+    """rows= / subsample=: the resident loader serves the subset ImageLoader serves, and resumes its states."""
+    rows = np.arange(N_IMAGES - 1, 0, -3)
+    for subset in ({"rows": rows}, {"subsample": 0.4}):
+        cpu, res = both(dataset_path, 6, seed=5, **subset, **aug)
+        with cpu, res:
+            assert cpu.num_samples == res.num_samples < N_IMAGES
+            assert_same_epoch(cpu, res)
+            assert_same_epoch(cpu, res)  # epoch 1 too
+        with ImageLoader(dataset_path, 6, backend="torch", prefetch=0, seed=5, **subset, **aug) as first:
+            it = iter(first)
+            head = [next(it).indices.clone() for _ in range(2)]
+            state = first.state_dict()
+            want = collect(first)
+        with ResidentImageLoader(dataset_path, 4, device="cpu", seed=5, **subset, **aug) as second:
+            second.load_state_dict(state)
+            got = collect(second)
+        assert len(head) == 2 and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))

@@ -69,7 +69,7 @@ def _restore(path: str, fingerprint: str, max_open: int) -> Dataset:
 class Dataset:
     """Rows of a dataset as sample pytrees. Build with ``tbl_format.open``.
 
-    ``len(ds)``; ``ds[i]``; ``ds.values(leaf, rows)``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
+    ``len(ds)``; ``ds[i]``; ``ds[a:b]`` (a list of rows); ``ds.values(leaf, rows)``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
     ``ds.fingerprint``; ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.present_segments(leaf)``; ``ds.segment_rows``;
     ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.verify_rows(rows, leaves)``; ``ds.close()``. Pickling keeps the path and the schema
     fingerprint; the unpickled copy maps the files again on first use and
@@ -211,6 +211,9 @@ class Dataset:
         return self._shard(k).get(i - self._starts[k])
 
     def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            # Rows of the slice as a list of samples, with Python's slice rules (as PyTreeDataset's ds[a:b]).
+            return [self._get(k) for k in range(*i.indices(len(self)))]
         return self._get(i)
 
     def values(self, leaf_path: str, rows: list[int]) -> list[Any]:

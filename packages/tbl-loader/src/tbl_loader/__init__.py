@@ -16,13 +16,25 @@ from .conversion import (
 )
 from .cursor import Resumable, StreamCursor, StreamOptions
 from .decode import PillowConfigError, UnsupportedImageModeError
+from .extra_columns import SidecarError
 from .image_loader import Batch, ImageLoader
 from .image_spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
 from .jpeg_decode import JpegDecodeError, JpegDecoderUnavailableError
+from .keys import keys_uniform, numpy_generator, sample_keys, torch_generator
+from .mix import Mix, MixError
 from .order import BatchPlan, EpochOrder
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostLoader, HostPipeline, LoaderClosedError
-from .pytree import VAR_MODES, Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity
+from .pytree import (
+    VAR_MODES,
+    CollatedBatch,
+    Masked,
+    Padded,
+    PyTreeDataset,
+    PyTreeLoader,
+    collate_identity,
+    collate_tensors,
+)
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .storage import (
@@ -32,6 +44,9 @@ from .storage import (
     RemoteSupportMissingError,
     RemoteUnavailableError,
 )
+from .subset import SubsetError, resolve_rows
+from .tokens import TokenError, TokenLoader, window_offset, write_tokens
+from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset
 from .upload import upload_dataset
 from .variable_source import ImageGeometryError
 from .verify import VERIFY_MODES
@@ -42,8 +57,11 @@ __all__ = [
     "BatchPlan",
     "BatchSource",
     "CacheFullError",
+    "CollatedBatch",
     "ConvertReport",
     "DestinationError",
+    "EpochBatch",
+    "EpochBatchSampler",
     "EpochOrder",
     "HostArray",
     "HostLoader",
@@ -51,6 +69,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ImageColumns",
+    "ImageDataset",
     "ImageDecodeError",
     "ImageGeometryError",
     "ImageLoader",
@@ -61,6 +80,8 @@ __all__ = [
     "LAYOUTS",
     "LoaderClosedError",
     "Masked",
+    "Mix",
+    "MixError",
     "OUTPUT_DTYPES",
     "OutputSpec",
     "Padded",
@@ -75,10 +96,14 @@ __all__ = [
     "RemoteUnavailableError",
     "Resumable",
     "RingGrowthWarning",
+    "SidecarError",
     "SourceError",
     "StateMismatchError",
     "StreamCursor",
     "StreamOptions",
+    "SubsetError",
+    "TokenError",
+    "TokenLoader",
     "UnsupportedImageModeError",
     "VAR_MODES",
     "VERIFY_MODES",
@@ -86,8 +111,16 @@ __all__ = [
     "__version__",
     "allocate_host",
     "collate_identity",
+    "collate_tensors",
     "convert",
+    "keys_uniform",
     "merge_parts",
+    "numpy_generator",
     "order",
+    "resolve_rows",
+    "sample_keys",
+    "torch_generator",
     "upload_dataset",
+    "window_offset",
+    "write_tokens",
 ]

@@ -93,6 +93,10 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
                    help="replace an existing dataset at DST (only its own TBL shard files are removed)")
     p.add_argument("--max-image-bytes", type=_byte_count, default=None, metavar="N",
                    help="encoded size cap on one image, e.g. 64M (default 256M); a bigger one is a bad image")
+    p.add_argument("--keep-path", action="store_true",
+                   help="store each image's source path and original size as columns path, orig_size")
+    p.add_argument("--sidecar", default=None, metavar="FILE",
+                   help="JSON / CSV / TSV of per-image fields keyed by path, stored as columns")
     p.add_argument("--merge", action="store_true", help="join part outputs PART... into DST instead of converting")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local (default): worker processes here; ray: Ray tasks on a Ray cluster (the ray extra); "
@@ -224,6 +228,8 @@ def _run(args: argparse.Namespace) -> int:
             resample=args.resample,
             draft=args.draft,
             force=args.force,
+            keep_path=args.keep_path,
+            sidecar=args.sidecar,
             **options,
         )
     except (ImageDecodeError, WorkerCrashError) as e:

@@ -112,6 +112,7 @@ from PIL import features
 import tbl_format
 
 from .decode import ALPHA_BACKGROUND, PillowConfigError, check_params, check_strict, preprocess_image
+from .extra_columns import ExtraColumns
 from .jpeg_decode import decoder_info
 from .sources import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -505,6 +506,11 @@ def _schema(size: int) -> tbl_format.Schema:
     return tbl_format.Schema({"image": tbl_format.Leaf("image", shape=(size, size, 3)), "label": tbl_format.Leaf("int")})
 
 
+def _with_extra(schema: tbl_format.Schema, extra: ExtraColumns | None) -> tbl_format.Schema:
+    """The recipe's schema plus the extra columns of --keep-path / --sidecar."""
+    return schema if extra is None else tbl_format.Schema({**schema.tree, **extra.leaves})
+
+
 def _write_report(report: ConvertReport, path: Path) -> None:
     """Atomic write (temp + rename) so a reader never sees half a report."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -622,6 +628,8 @@ def convert(
     draft: bool = True,
     force: bool = False,
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    keep_path: bool = False,
+    sidecar: str | os.PathLike[str] | None = None,
 ) -> ConvertReport:
     """Convert ``src`` (TAR, folder tree or list of (path, label)) to a .tbl dataset at ``dst``.
 
@@ -639,7 +647,9 @@ def convert(
     ``draft``: see `tbl_loader.decode`. ``force``: replace an existing
     dataset at ``dst`` (see the module docstring for what is removed).
     ``max_image_bytes``: encoded size cap on one image (a bigger one is a bad
-    image, never read).
+    image, never read). ``keep_path`` (``path`` and ``orig_size`` columns) and
+    ``sidecar`` (per-image fields from a JSON / CSV file keyed by path): see
+    `tbl_loader.extra_columns`.
     """
     t0 = time.perf_counter()
     if (size is None) == (max_size is None):
@@ -693,6 +703,8 @@ def convert(
         names = listing.names[start:stop]
         labels = listing.labels[start:stop]
         locators = listing.locators[start:stop]
+        extra = ExtraColumns(names, locators, keep_path=keep_path, sidecar=sidecar, tar_path=listing.tar_path,
+                             max_bytes=max_image_bytes)
         workers = max(1, min(workers, len(locators)))
         t_scan = time.perf_counter()
         rep = ConvertReport(
@@ -723,14 +735,16 @@ def convert(
         try:
             _convert_into(
                 listing, names, labels, locators, dst_path, workers, max_image_bytes, recipe, on_error, shard_rows,
-                force, progress, rep,
+                force, progress, rep, extra,
             )
         except BaseException as e:
+            extra.close()
             rep.error = f"{type(e).__name__}: {e}"
             _finish(rep, t0, t_scan, report_path)
             if rep.report_error is not None:
                 e.add_note(rep.report_error)
             raise
+        extra.close()
         rep.status = "ok"
         _finish(rep, t0, t_scan, report_path)
     return rep
@@ -789,13 +803,15 @@ def _convert_into(
     force: bool,
     progress: bool,
     rep: ConvertReport,
+    extra: ExtraColumns | None = None,
 ) -> None:
     results = _results_in_order(listing, names, locators, workers, max_bytes, recipe)
     # Exit order on an exception: the pool stops (closing: now, not when the traceback is freed),
     # then the bar, then the writer aborts, removing its temp files; on success it publishes.
     with (
         tbl_format.Writer(
-            dst, recipe.schema(), metadata=_metadata(listing, recipe), shard_rows=shard_rows, overwrite=force
+            dst, _with_extra(recipe.schema(), extra), metadata=_metadata(listing, recipe), shard_rows=shard_rows,
+            overwrite=force,
         ) as writer,
         _progress_bar(len(names), progress) as bar,
         closing(results),
@@ -809,7 +825,8 @@ def _convert_into(
                 bar.set_postfix(failed=rep.failed, refresh=False)
             else:
                 assert pixels is not None
-                writer.write(recipe.row(pixels, labels[i]))
+                sample = recipe.row(pixels, labels[i])
+                writer.write({**sample, **extra.row(i)} if extra else sample)
                 rep.written += 1
             bar.update(1)
     # Old shards the writer did not remove (not provably the old dataset's own) are told, never silent.

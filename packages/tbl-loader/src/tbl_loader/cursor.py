@@ -35,6 +35,7 @@ import numpy as np
 from .distributed import resolve_rank_world
 from .order import DEFAULT_BLOCK_WINDOW, PADDING_MODES, SHUFFLE_MODES, BatchPlan, EpochOrder
 from .state import StateMismatchError, StreamState, settings_fingerprint
+from .subset import subset_fingerprint
 
 __all__ = ["Resumable", "StreamCursor", "StreamOptions"]
 
@@ -95,24 +96,36 @@ class StreamCursor:
     ``settings`` are the loader's own stream-changing settings (augmentation,
     keys), fingerprinted together with the options' into every ``state_dict``.
     ``accepted_dataset_fingerprints`` are older fingerprints of the same dataset
-    that saved states may still carry. ``shard_rows`` (rows per shard file) is
-    needed by ``shuffle="block"``.
+    that saved states may still carry. ``rows`` (from :func:`tbl_loader.subset.resolve_rows`):
+    the stream runs over these dataset rows only; ``num_samples`` is then their count, order
+    and sharding work on positions in ``rows`` and batch plans carry the dataset rows.
+    ``shard_rows`` (rows per shard file) is needed by ``shuffle="block"``, which
+    does not combine with ``rows`` yet.
     """
 
     def __init__(self, num_samples: int, options: StreamOptions, *, dataset_fingerprint: str,
                  settings: dict[str, Any] | None = None,
                  accepted_dataset_fingerprints: tuple[str, ...] = (),
-                 shard_rows: list[int] | None = None) -> None:
+                 rows: np.ndarray | None = None, shard_rows: list[int] | None = None) -> None:
         if not isinstance(options, StreamOptions):
             raise TypeError(f"options must be a StreamOptions, got {type(options).__name__}")
         self.num_samples = _check_int("num_samples", num_samples, 0)
         self.options = options
         self.shard_rows = None if shard_rows is None else tuple(int(r) for r in shard_rows)
+        if options.shuffle == "block" and rows is not None:
+            raise ValueError('shuffle="block" does not combine with rows= / subsample= yet: '
+                             "use shuffle=True (or False) for a subset")
         if options.shuffle == "block" and (self.shard_rows is None or sum(self.shard_rows) != self.num_samples):
             raise ValueError('shuffle="block" needs the rows of every shard (shard_rows adding up to num_samples)')
         self._dataset_fp = dataset_fingerprint
         self._accepted = (dataset_fingerprint, *accepted_dataset_fingerprints)
-        self._settings_fp = settings_fingerprint({**options.stream_settings(), **(settings or {})})
+        settings = {**options.stream_settings(), **(settings or {})}
+        if rows is not None:
+            if rows.shape[0] != self.num_samples:
+                raise ValueError(f"rows holds {rows.shape[0]} rows, num_samples is {self.num_samples}")
+            settings["subset"] = subset_fingerprint(rows)  # only when set: whole-dataset states stay valid
+        self.rows = rows
+        self._settings_fp = settings_fingerprint(settings)
         self._epoch = 0
         self._consumed = 0
         self._jump_listeners: list[Callable[[], Any]] = []
@@ -177,6 +190,14 @@ class StreamCursor:
         per_rank = -(-n // w) if o.padding == "wrap" else n // w
         return per_rank // o.batch_size if o.drop_last else -(-per_rank // o.batch_size)
 
+    def batches_left(self) -> int:
+        """Batches the next pass yields on this rank: the rest of the current epoch from the current position
+        (a full epoch at its start, the remainder after a resume or a ``break``)."""
+        o = self.options
+        remaining, w = self.num_samples - self._consumed, o.world_size
+        per_rank = -(-remaining // w) if o.padding == "wrap" else remaining // w
+        return per_rank // o.batch_size if o.drop_last else -(-per_rank // o.batch_size)
+
     def epoch_order(self) -> EpochOrder:
         """The rest of the current epoch for this rank, from the current position."""
         o = self.options
@@ -192,7 +213,14 @@ class StreamCursor:
         if order.num_batches(o.batch_size, o.drop_last) == 0:
             self._epoch, self._consumed = self._epoch + 1, 0
             return None
-        return order, order.batches(o.batch_size, o.drop_last)
+        plans = order.batches(o.batch_size, o.drop_last)
+        if self.rows is not None:
+            plans = (plan._replace(sample_ids=self.rows_of(plan.sample_ids)) for plan in plans)
+        return order, plans
+
+    def rows_of(self, positions: np.ndarray) -> np.ndarray:
+        """Dataset rows of stream positions (the positions themselves without a subset)."""
+        return positions if self.rows is None else np.ascontiguousarray(self.rows[positions])
 
 
 class Resumable:
@@ -229,8 +257,9 @@ class Resumable:
         return self.cursor.epoch_order()
 
     def __len__(self) -> int:
-        """Batches of one full epoch on this rank."""
-        return self.cursor.num_batches()
+        """Batches the next ``iter(loader)`` yields on this rank: a full epoch at an epoch's start, the
+        batches left after a resume or a ``break`` (so progress bars show the truth)."""
+        return self.cursor.batches_left()
 
     def __enter__(self) -> Any:
         return self

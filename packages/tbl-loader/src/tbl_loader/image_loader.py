@@ -15,8 +15,9 @@ one :class:`~tbl_loader.image_spec.ImageSpec`.
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -25,24 +26,20 @@ import tbl_format
 from . import order, variable_source
 from ._kernels import kernels
 from .advice import PageAdvisor
+from .batch import Batch, host_indices
 from .cursor import StreamCursor, StreamOptions
-from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop
+from .fields import FieldReader
+from .image_spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop, view_seed
+from .keys import sample_keys
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
 from .storage import is_url
+from .subset import resolve_rows
+from .transforms import TransformStage
 from .verify import verify_mode
 
 __all__ = ["Batch", "ImageLoader"]
-
-
-class Batch(NamedTuple):
-    """One batch: images ``(B, C, H, W)`` or ``(B, H, W, C)``, labels ``(B,)`` int64 or None, and the
-    dataset row of every sample (``indices``, int64 on the host)."""
-
-    images: Any
-    labels: Any
-    indices: Any
 
 
 def _label_rows(seg: np.ndarray) -> np.ndarray:
@@ -54,7 +51,7 @@ class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
     def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None,
-                 dataset: Any = None, batch_size: int = 1) -> None:
+                 fields: FieldReader | None = None, dataset: Any = None, batch_size: int = 1) -> None:
         # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
         self.verify_rows = verify_rows
         # A dataset whose shards come and go (tbl_loader.remote_dataset) maps a batch's shards first.
@@ -63,6 +60,10 @@ class _ImageSource:
         self.advisor: PageAdvisor | None = None
         self.batch_size = batch_size
         self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
+        self.fields = fields  # extra leaves (and a label leaf of another kind than int64), or None
+        self.label_field = spec.label_key if columns.label_field else None
+        if fields is not None:
+            self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
         self.seed = seed
@@ -77,6 +78,12 @@ class _ImageSource:
         self.num_samples = columns.num_samples
         self._center_boxes: np.ndarray | None = None
         self._flips: tuple[int, np.ndarray] | None = None  # (epoch, flip of every sample id)
+        # Multi-crop: views 1.. as (buffer name, crop, view seed, served shape); view 0 is "images" above.
+        self.extra_views = [
+            (f"images_{v}", crop, view_seed(seed, v),
+             (columns.channels, *crop.output_size) if spec.layout == "CHW" else (*crop.output_size, columns.channels))
+            for v, crop in enumerate(spec.extra_crops, start=1)
+        ]
 
     def _flip_mask(self, epoch: int, ids: np.ndarray) -> np.ndarray | None:
         """This batch's flips, from a table of the whole epoch's draws (one vectorized pass per epoch
@@ -90,11 +97,31 @@ class _ImageSource:
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.dtype, output)}
+        for name, _, _, shape in self.extra_views:
+            buffers[name] = allocate_host((capacity, *shape), self.dtype, output)
         if self.labels is not None:
             buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
         if self.center_box is not None and (self._center_boxes is None or len(self._center_boxes) < capacity):
             self._center_boxes = np.ascontiguousarray(np.broadcast_to(self.center_box, (capacity, 4)))
+        if self.fields is not None:
+            buffers.update(self.fields.allocate(capacity, output))
         return buffers
+
+    def batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan, backend: str,
+              torch_device: Any = False) -> Batch:
+        """The Batch of one plan from its exported buffers and payload (the fields' variable-size columns).
+
+        ``torch_device``: where variable-size field arrays go (False: numpy output; None: host)."""
+        indices = host_indices(plan.sample_ids, backend)
+        views = (outputs["images"], *(outputs[name] for name, _, _, _ in self.extra_views))
+        labels = outputs.get("labels")
+        fields = {}
+        if self.fields is not None:
+            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
+            if self.label_field is not None:
+                labels = fields.pop(self.label_field)
+        return Batch(views[0], labels, indices, keys=sample_keys(self.seed, plan.epoch, plan.sample_ids),
+                     views=views, fields=fields)
 
     def begin_pass(self, epoch_order: Any) -> None:
         if self.shards is not None:  # remote: the fetcher downloads the pass's shards in order
@@ -102,7 +129,7 @@ class _ImageSource:
         elif epoch_order.shuffle == "block":  # local: page-cache advice ahead of the pass (tbl_loader.advice)
             self.advisor = PageAdvisor(self.images, epoch_order.indices, self.batch_size)
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:  # no payload
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids
         n = ids.shape[0]
         if self.advisor is not None:
@@ -127,8 +154,14 @@ class _ImageSource:
             kernels.gather_u8(self.images, ids, out, flip, self.layout)
         else:
             kernels.gather_normalize(self.images, ids, out, self.table, flip, self.layout)
+        for name, crop, seed, _ in self.extra_views:
+            boxes = order.random_resized_crop_boxes(seed, plan.epoch, ids, self.height, self.width, crop.scale,
+                                                    crop.ratio)
+            flip = order.flip_draws(seed, plan.epoch, ids, self.hflip) if self.hflip else None
+            kernels.gather_crop_resize(self.images, ids, boxes, buffers[name][:n], self.table, flip, self.layout)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
+        return None if self.fields is None else self.fields.fill(buffers, ids)
 
 
 class ImageLoader(HostLoader):
@@ -141,11 +174,7 @@ class ImageLoader(HostLoader):
     :class:`RandomResizedCrop`) or ``center_crop`` (int or (h, w): the centred box
     of that size, no resize) set the output size, otherwise the stored size.
     ``dtype``: ``"float32"``, ``"float16"``, ``"bfloat16"`` (normalized through
-    the mean/std table) or ``"uint8"`` (raw bytes; mean/std unused). ``resize``
-    (with ``center_crop``): the evaluation transform, shorter side to ``resize``
-    then the centred crop. Datasets of variable-size images (``tbl convert
-    --max-size``, raw or JPEG) are served too, with crops drawn on each image's
-    own size: see :mod:`tbl_loader.variable_source`.
+    the mean/std table) or ``"uint8"`` (raw bytes; mean/std unused).
     ``backend``: ``"torch"`` (default when torch is installed) or ``"numpy"``.
     ``device`` (torch only): batches are copied there with ``non_blocking=True``
     from the ring (pinned when ``pin_memory``); indices stay on the host.
@@ -154,13 +183,25 @@ class ImageLoader(HostLoader):
     to torch.distributed's when it is initialized. ``padding`` ("wrap" or "drop")
     evens out the ranks' shards. ``verify`` (``"never"``, ``"open"`` or
     ``"lazy"``): when data-block checksums are checked, see :mod:`tbl_loader.verify`.
+    ``rows`` (dataset rows: an index array or a range) and ``subsample`` (a fraction):
+    serve a subset, see :mod:`tbl_loader.subset`; ``num_samples`` is then its size.
+    ``transform`` (on the producer thread, on the host batch) and ``device_transform``
+    (after the copy to ``device``): see :mod:`tbl_loader.transforms`; each batch carries
+    per-sample keys (``batch.keys``, :mod:`tbl_loader.keys`) for their randomness.
+    ``random_resized_crop`` may be a list of crop specs (multi-crop): ``batch.views``
+    holds one image batch per spec, ``batch.images`` the first.
+    ``fields`` (leaf paths) serves other leaves of the sample in ``batch.fields`` by the
+    pytree loader's rules (``var``: ``"list"`` or ``"pad"``), see :mod:`tbl_loader.fields`;
+    a label leaf may be an int, a float, a fixed-shape array or optional.
     ``shuffle``: True (one global permutation per epoch), False, or ``"block"``
     (shards, then samples within blocks of ``block_window`` shards; see
     :func:`tbl_loader.order.block_permutation`). ``path`` may be a URL
     (``s3://bucket/prefix/``, ``gs://``, ``az://``, ``http(s)://``; needs
     ``tbl-loader[remote]``): served through the shard cache (``cache_dir``,
     ``cache_limit``), ``storage_options`` passed to the storage library; see
-    :mod:`tbl_loader.remote_dataset`.
+    :mod:`tbl_loader.remote_dataset`. Datasets of variable-size images
+    (``tbl convert --max-size``) take ``resize`` with ``center_crop`` (the
+    evaluation transform) and are served through :mod:`tbl_loader.variable_source`.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -193,6 +234,12 @@ class ImageLoader(HostLoader):
         image_key: str = "image",
         label_key: str = "label",
         verify: str | bool = "never",
+        rows: Any = None,
+        subsample: float | None = None,
+        transform: Any = None,
+        device_transform: Any = None,
+        fields: Any = (),
+        var: str = "list",
         cache_dir: Any = None,
         cache_limit: Any = None,
         storage_options: dict[str, Any] | None = None,
@@ -225,32 +272,47 @@ class ImageLoader(HostLoader):
                 raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
             if verify == "open" and closers == [] and callable(getattr(dataset, "verify", None)):
                 dataset.verify()  # the caller's dataset: check it here, once
+            variable = variable_source.is_variable(dataset, spec.image_key)  # tbl convert --max-size
+            if callable(getattr(dataset, "ensure_all", None)) and (variable or fields):
+                # A URL whose rows are read through heaps (variable-size images, extra fields), which a
+                # streaming remote dataset does not map: the whole dataset is cached first
+                # (CacheFullError if cache_limit cannot hold it) and read as the local copy.
+                dataset = tbl_format.open(dataset.ensure_all(), verify=verify == "open")
+                closers.insert(0, dataset.close)
             lazy = dataset.verify_rows if verify == "lazy" else None
-            if variable_source.is_variable(dataset, spec.image_key):  # tbl convert --max-size
-                if callable(getattr(dataset, "ensure_all", None)):
-                    # A URL: the variable-size path reads rows through the dataset's heaps, which a
-                    # streaming remote dataset does not map, so the whole dataset is cached first
-                    # (CacheFullError if cache_limit cannot hold it) and read as a local one.
-                    local = tbl_format.open(dataset.ensure_all(), verify=verify == "open")
-                    closers.insert(0, local.close)
-                    dataset = local
-                    lazy = dataset.verify_rows if verify == "lazy" else None
+            if variable:
                 columns = variable_source.bind_variable(spec, dataset)
+                if fields or spec.extra_crops:
+                    raise ValueError("fields= and several crop views are not served from variable-size images yet "
+                                     "(tbl convert --max-size); convert with --size S for them")
                 settings = {**spec.stream_settings(), **variable_source.stream_settings(columns)}
+            else:
+                columns = spec.bind(dataset, any_label=True)
+                settings = spec.stream_settings()
+            subset = resolve_rows(columns.num_samples, rows, subsample)
+            cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
+                                  dataset_fingerprint=dataset.fingerprint, settings=settings, rows=subset,
+                                  shard_rows=getattr(dataset, "segment_rows", None))
+            if variable:
                 source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads)
                 closers.insert(0, source.close)  # the decode threads stop before the dataset closes
             else:
-                columns = spec.bind(dataset)
-                settings = spec.stream_settings()
-                source = _ImageSource(columns, spec, options.seed, lazy, dataset, options.batch_size)
-            cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
-                                  settings=settings, shard_rows=getattr(dataset, "segment_rows", None))
-            pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers)
+                field_paths = _field_paths(fields, spec, columns)
+                reader = FieldReader(dataset, field_paths, var) if field_paths else None
+                if reader is not None and callable(getattr(dataset, "prepare_rows", None)):
+                    raise ValueError(f"{spec.label_key!r} is not an int64 label: a URL dataset with such labels "
+                                     "is not served yet")
+                source = _ImageSource(columns, spec, options.seed, lazy, reader, dataset, options.batch_size)
+            host_batch = functools.partial(source.batch, backend=output.backend, torch_device=None)
+            stage = TransformStage(host_batch, output, transform, device_transform)
+            pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers,
+                                    stage=stage if transform is not None or device_transform is not None else None)
         except BaseException:
             for close in closers:
                 close()
             raise
         self._compose(cursor, pipeline)
+        self.fields, self.var = tuple(fields or ()), var
         if num_threads is not None:
             kernels.set_num_threads(num_threads)
         self.dataset = dataset
@@ -260,4 +322,17 @@ class ImageLoader(HostLoader):
         self.verify = verify
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
-        return Batch(outputs["images"], outputs.get("labels"), self._indices(plan))
+        # The pipeline's source (never kept on the loader: close() must drop it, and with it the maps).
+        return self._pipeline.source.batch(outputs, payload, plan, self.output.backend, self.output.device)
+
+
+def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns) -> list[str]:
+    """The leaves read through the field path: ``fields`` plus a label leaf that is not int64."""
+    if isinstance(fields, str):
+        raise TypeError(f"fields must be a sequence of leaf paths, not a single string ({fields!r})")
+    paths = list(fields or ())
+    for reserved in (spec.image_key, spec.label_key):
+        if reserved in paths:
+            raise ValueError(f"{reserved!r} is served as the batch's {'images' if reserved == spec.image_key else 'labels'}"
+                             "; fields are the other leaves")
+    return paths + ([spec.label_key] if columns.label_field else [])

@@ -29,7 +29,18 @@ __all__ = [
     "ImageSpec",
     "RandomResizedCrop",
     "resized_center_crop_boxes",
+    "view_seed",
 ]
+
+TAG_VIEW_SEED = 66
+"""Stream tag of the per-view seeds of multi-crop (tags below 64 are :mod:`tbl_loader.order`'s)."""
+
+
+def view_seed(seed: int, view: int) -> int:
+    """The seed of crop view ``view``: ``seed`` for view 0, else ``hash_u64(seed, 0, TAG_VIEW_SEED, view)``."""
+    if view == 0:
+        return int(seed)
+    return int(order.hash_u64(seed, 0, TAG_VIEW_SEED, np.array([view], np.uint64))[0])
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -109,6 +120,7 @@ class ImageColumns:
     channels: int
     out_hw: tuple[int, int]
     center_box: np.ndarray | None
+    label_field: bool = False  # a label leaf that is not int64 (rows,): served through the extra-field path
 
     @property
     def num_samples(self) -> int:
@@ -136,6 +148,10 @@ class ImageSpec:
     ``center_crop``, as one crop-resize (`resized_center_crop_boxes`). ``dtype``: ``"float32"``, ``"float16"``,
     ``"bfloat16"`` or ``"uint8"``. ``layout``: ``"CHW"`` or ``"HWC"``.
     ``image_key`` / ``label_key``: the leaves holding the image and the label.
+    Multi-crop: ``random_resized_crop`` may be a list of :class:`RandomResizedCrop`
+    specs, one per view; the first stays ``random_resized_crop``, the others become
+    ``extra_crops``. View ``v`` draws its crop and flip with the seed
+    ``view_seed(seed, v)`` (view 0 with ``seed`` itself, so a single view is unchanged).
     """
 
     mean: tuple[float, ...] = IMAGENET_MEAN
@@ -148,8 +164,21 @@ class ImageSpec:
     image_key: str = "image"
     label_key: str = "label"
     resize: int | None = None
+    extra_crops: tuple[RandomResizedCrop, ...] = ()
 
     def __post_init__(self) -> None:
+        crops = self.random_resized_crop
+        if isinstance(crops, (list, tuple)):  # multi-crop: the first spec is view 0, the others extra views
+            if not crops:
+                raise ValueError("random_resized_crop needs at least one RandomResizedCrop")
+            object.__setattr__(self, "random_resized_crop", crops[0])
+            object.__setattr__(self, "extra_crops", (*tuple(crops[1:]), *self.extra_crops))
+        for extra in self.extra_crops:
+            if not isinstance(extra, RandomResizedCrop):
+                raise TypeError(f"random_resized_crop views must be RandomResizedCrop, got {type(extra).__name__}")
+            order.random_resized_crop_boxes(0, 0, np.zeros(1, np.int64), extra.output_size[0],
+                                            extra.output_size[1], extra.scale, extra.ratio)
+        object.__setattr__(self, "extra_crops", tuple(self.extra_crops))
         if self.dtype not in OUTPUT_DTYPES:
             raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {self.dtype!r}")
         if self.layout not in LAYOUTS:
@@ -194,11 +223,25 @@ class ImageSpec:
             crop = {"center": list(self.center_crop)}
             if self.resize is not None:
                 crop["resize"] = self.resize
-        return {"hflip": self.hflip, "crop": crop, "image_key": self.image_key, "label_key": self.label_key}
+        settings = {"hflip": self.hflip, "crop": crop, "image_key": self.image_key, "label_key": self.label_key}
+        if self.extra_crops:  # only when set: states of single-view loaders keep their fingerprint
+            settings["extra_crops"] = [c.describe() for c in self.extra_crops]
+        return settings
 
-    def bind(self, dataset: Any) -> ImageColumns:
-        """``dataset``'s columns checked against this spec (ValueError naming the leaf and the rule broken)."""
-        images, labels = _columns(dataset, self.image_key, self.label_key)
+    @property
+    def crops(self) -> tuple[RandomResizedCrop, ...]:
+        """Every random-resized-crop view, in order (empty without random_resized_crop)."""
+        first = () if self.random_resized_crop is None else (self.random_resized_crop,)
+        return (*first, *self.extra_crops)
+
+    def bind(self, dataset: Any, *, any_label: bool = False) -> ImageColumns:
+        """``dataset``'s columns checked against this spec (ValueError naming the leaf and the rule broken).
+
+        ``any_label``: a label leaf of another kind than int64 scalars (float, array, ...) is left to
+        the caller (``labels`` None, ``label_field`` True) instead of refused.
+        """
+        images, labels = _columns(dataset, self.image_key, self.label_key, any_label)
+        label_field = labels is None and any_label and self.label_key in list(getattr(dataset, "leaf_paths", []))
         _, height, width, channels = images[0].shape
         if self.normalized and (len(self.mean) != channels or len(self.std) != channels):
             raise ValueError(
@@ -215,10 +258,11 @@ class ImageSpec:
                 center_box = resized_center_crop_boxes(np.array([height]), np.array([width]), self.resize, *out_hw)[0]
         else:
             out_hw = (height, width)
-        return ImageColumns(images, labels, height, width, channels, out_hw, center_box)
+        return ImageColumns(images, labels, height, width, channels, out_hw, center_box, label_field)
 
 
-def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+def _columns(dataset: Any, image_key: str, label_key: str,
+             any_label: bool = False) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """The validated image segments and the label segments (or None without a ``label_key`` leaf)."""
     paths = list(getattr(dataset, "leaf_paths", []))
     if image_key not in paths:
@@ -245,6 +289,8 @@ def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndar
         raise ValueError(f"images must have 1 or 3 channels, got {first.shape[3]}")
     if label_key not in paths:
         return images, None
+    if any_label and not _int64_scalar_leaf(dataset, label_key):
+        return images, None
     raw = [s for s in dataset.segments(label_key) if s.shape[0] > 0]
     if [s.shape[0] for s in raw] != [s.shape[0] for s in images]:
         raise ValueError(f"leaf {label_key!r} rows per shard differ from {image_key!r}")
@@ -257,3 +303,9 @@ def _columns(dataset: Any, image_key: str, label_key: str) -> tuple[list[np.ndar
             )
         labels.append(seg)
     return images, labels
+
+
+def _int64_scalar_leaf(dataset: Any, key: str) -> bool:
+    """Whether leaf ``key`` is a required int64 scalar (the label fast path), from the schema alone."""
+    leaf = dataset.schema.leaves[key]
+    return leaf.kind == "int" and not leaf.optional

@@ -14,6 +14,11 @@ stops and joins the thread. ``close()`` does the same explicitly and then runs
 the closers (closing the dataset if the loader opened it). Only one pass runs
 at a time: a new pass, or a jump of the cursor (``set_epoch`` to another epoch,
 ``load_state_dict``), stops the running one.
+
+User transforms (:mod:`tbl_loader.transforms`): with a ``transform``, the
+producer thread builds the batch from host views of the slot and runs the
+transform on it; the consumer only moves the result to the device. A
+``device_transform`` runs on the consumer thread on the batch handed out.
 """
 
 from __future__ import annotations
@@ -57,12 +62,16 @@ MakeBatch = Callable[[dict[str, Any], Any, BatchPlan], Any]
 """``make_batch(outputs, payload, plan)``: the user's batch from the published buffers and the payload."""
 
 
-def _produce(plans: Iterator[BatchPlan], ring: Ring, source: BatchSource) -> Iterator[tuple[BatchPlan, Slot]]:
-    """Producer body: acquire a free slot, fill it, hand it on. References no loader object."""
+def _produce(plans: Iterator[BatchPlan], ring: Ring, source: BatchSource,
+             stage: Any = None) -> Iterator[tuple[BatchPlan, Slot]]:
+    """Producer body: acquire a free slot, fill it (and run the user's transform), hand it on.
+    References no loader object."""
     for plan in plans:
         slot = ring.acquire()
         try:
             slot.payload = source.fill(slot.kernel, plan)
+            if stage is not None:
+                stage.on_producer(slot, plan)
         except BaseException:
             slot.release()
             raise
@@ -90,11 +99,13 @@ class _Pass:
 class _PassIterator:
     """Iterator of one pass. Dropping it stops the producer (finalizer), so ``break`` is enough."""
 
-    def __init__(self, pass_: _Pass, cursor: StreamCursor, output: OutputSpec, make_batch: MakeBatch) -> None:
+    def __init__(self, pass_: _Pass, cursor: StreamCursor, output: OutputSpec, make_batch: MakeBatch,
+                 stage: Any = None) -> None:
         self._pass = pass_
         self._cursor = cursor
         self._output = output
         self._make_batch = make_batch
+        self._stage = stage
         self._finalizer = weakref.finalize(self, pass_.close)
 
     def __iter__(self) -> _PassIterator:
@@ -108,9 +119,15 @@ class _PassIterator:
         except BaseException:
             self.close()
             raise
+        stage = self._stage
         try:
-            outputs, payload = self._pass.ring.publish(slot, len(plan.sample_ids), self._output)
-            batch = self._make_batch(outputs, payload, plan)
+            if stage is not None and stage.transform is not None:  # the producer made the batch already
+                batch = self._pass.ring.hand_over(slot, self._output, stage.to_output)
+            else:
+                outputs, payload = self._pass.ring.publish(slot, len(plan.sample_ids), self._output)
+                batch = self._make_batch(outputs, payload, plan)
+            if stage is not None and stage.device_transform is not None:
+                batch = stage.device_transform(batch)
         except BaseException:
             slot.release()  # nothing was handed out: the slot is free again
             self.close()
@@ -136,7 +153,7 @@ class HostPipeline:
     """
 
     def __init__(self, source: BatchSource, output: OutputSpec, *, capacity: int, prefetch: int,
-                 closers: list[Callable[[], None]] | None = None) -> None:
+                 closers: list[Callable[[], None]] | None = None, stage: Any = None) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         self.source: BatchSource | None = source
@@ -144,6 +161,7 @@ class HostPipeline:
         self.capacity = capacity
         self.prefetch = prefetch
         self._closers = list(closers or [])
+        self.stage = stage  # a tbl_loader.transforms.TransformStage, or None
         self._active: _Pass | None = None
         self._ring: Ring | None = None
         self.closed = False
@@ -167,13 +185,13 @@ class HostPipeline:
         if begin is not None:  # a source that fetches ahead learns the pass's order first
             begin(epoch_order)
         # The closures capture locals only (never self): the producer thread must not keep the pipeline alive.
-        source, capacity, output = self.source, self.capacity, self.output
+        source, capacity, output, stage = self.source, self.capacity, self.output, self.stage
         if self._ring is None:
             self._ring = Ring(lambda: source.allocate(capacity, output), size=self.prefetch + 2)
         ring = self._ring
-        producer = Producer(lambda: _produce(plans, ring, source), self.prefetch, name="tbl-loader-producer")
+        producer = Producer(lambda: _produce(plans, ring, source, stage), self.prefetch, name="tbl-loader-producer")
         self._active = _Pass(producer, ring)
-        return _PassIterator(self._active, cursor, output, make_batch)
+        return _PassIterator(self._active, cursor, output, make_batch, stage)
 
     def stop(self) -> bool:
         """Stop the running pass; False if its thread outlived the join timeout."""

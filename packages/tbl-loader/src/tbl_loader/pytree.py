@@ -14,10 +14,13 @@ torch DataLoader::
     ds = PyTreeDataset(path)
     DataLoader(ds, batch_size=256, shuffle=True, num_workers=2,
                collate_fn=collate_identity)          # numpy batches, collated by ds.__getitems__
-    DataLoader(ds, ..., collate_fn=torch.utils.data.default_convert)   # the same as tensors, zero-copy
+    DataLoader(ds, ..., collate_fn=collate_tensors)  # the same as tensors, zero-copy
+    DataLoader(ds, batch_size=256)                   # torch's default collate: same values, row by row
 
-(torch >= 2.2 calls ``__getitems__`` with the batch's indices; the default
-collate would try to collate the already collated batch again.) With worker
+(torch >= 2.2 calls ``__getitems__`` with the batch's indices; it returns a
+:class:`~tbl_loader.pytree_dataset.CollatedBatch`, which the two collate
+functions above turn into one collated batch and any other collate_fn sees as a
+sequence of rows.) With worker
 processes ``collate_identity`` is the faster choice: numpy arrays cross the
 worker pipe pickled, while each tensor gets its own shared-memory segment; wrap
 them with ``torch.from_numpy`` in the main process (fresh writable arrays: no
@@ -35,7 +38,8 @@ files, replace them.
 from __future__ import annotations
 
 from .pytree_batch import VAR_MODES, Masked, Padded
-from .pytree_dataset import PyTreeDataset, collate_identity
+from .pytree_dataset import CollatedBatch, PyTreeDataset, collate_identity, collate_tensors
 from .pytree_loader import PyTreeLoader
 
-__all__ = ["VAR_MODES", "Masked", "Padded", "PyTreeDataset", "PyTreeLoader", "collate_identity"]
+__all__ = ["VAR_MODES", "CollatedBatch", "Masked", "Padded", "PyTreeDataset", "PyTreeLoader", "collate_identity",
+           "collate_tensors"]

@@ -287,17 +287,22 @@ class RowSource:
     thread, or the process using a ``PyTreeDataset``); never pickled.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_open: int = DEFAULT_MAX_OPEN, verify: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, *, max_open: int = DEFAULT_MAX_OPEN, verify: bool = False,
+                 dataset: Any = None) -> None:
         if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
             raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
-        dataset = tbl_format.open(path, max_open=max_open, verify=verify)
+        # dataset: an open tbl_format.Dataset to read instead of opening ``path`` (closed by its owner).
+        self._owned = dataset is None
+        if dataset is None:
+            dataset = tbl_format.open(path, max_open=max_open, verify=verify)
         try:
             self.schema = dataset.schema
             self.metadata = dataset.metadata
             self.fingerprint = dataset.fingerprint
             rows = dataset.segment_rows
         except BaseException:
-            dataset.close()
+            if self._owned:
+                dataset.close()
             raise
         self.dataset = dataset
         self.max_open = max_open
@@ -371,7 +376,8 @@ class RowSource:
         """Unmap every shard (views still held by callers keep their own map alive until dropped)."""
         self._all_columns.clear()
         self.get = self.values = None
-        self.dataset.close()
+        if self._owned:
+            self.dataset.close()
 
 
 def _pad_arrays(values: list[Any], leaf: Leaf) -> Padded:

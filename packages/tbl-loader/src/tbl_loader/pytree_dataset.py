@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from operator import index as _index
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,9 @@ from tbl_format import DEFAULT_MAX_OPEN
 
 from .pytree_batch import Collator, RowSource
 from .storage import is_url
+from .subset import resolve_rows
 
-__all__ = ["PyTreeDataset", "as_indices"]
+__all__ = ["CollatedBatch", "PyTreeDataset", "as_indices", "collate_identity", "collate_tensors"]
 
 # Datasets holding maps in this process; a forked child closes its inherited copies.
 _OPEN: weakref.WeakSet[PyTreeDataset] = weakref.WeakSet()
@@ -72,9 +73,50 @@ def as_indices(indices: Any, num_rows: int) -> np.ndarray:
     return idx
 
 
+class CollatedBatch(Sequence):
+    """What a map-style dataset's ``__getitems__`` returns to torch's DataLoader: the rows of one batch.
+
+    ``collate_identity`` turns it into the batch collated once by the dataset
+    (``dataset.get_batch(indices)``: one kernel call per batch). Any other
+    ``collate_fn`` (torch's default collate included) sees a sequence of
+    ``len(indices)`` samples, each ``dataset.collate_row(indices, k)`` (``ds[indices[k]]`` with writable
+    array copies), and collates them as for any map-style dataset: the same values,
+    row by row. Nothing is read until one of the two is asked for.
+    """
+
+    def __init__(self, dataset: Any, indices: Any) -> None:
+        self.dataset = dataset
+        self.indices = indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self.indices)))]
+        return self.dataset.collate_row(self.indices, k)
+
+    @property
+    def collated(self) -> Any:
+        """The batch as the dataset collates it (``dataset.get_batch(indices)``)."""
+        return self.dataset.get_batch(self.indices)
+
+
 def collate_identity(batch: Any) -> Any:
-    """A torch DataLoader ``collate_fn`` that returns the batch ``__getitems__`` already collated."""
-    return batch
+    """A torch DataLoader ``collate_fn`` for :class:`PyTreeDataset`: the batch, collated once by the dataset.
+
+    Takes the :class:`CollatedBatch` that ``__getitems__`` returns and gives its collated pytree;
+    anything else is returned unchanged.
+    """
+    return batch.collated if isinstance(batch, CollatedBatch) else batch
+
+
+def collate_tensors(batch: Any) -> Any:
+    """Like :func:`collate_identity`, with the arrays as torch tensors (``torch.utils.data.default_convert``,
+    zero-copy: the collated arrays are fresh and writable)."""
+    from torch.utils.data import default_convert  # only this collate_fn needs torch
+
+    return default_convert(collate_identity(batch))
 
 
 class PyTreeDataset:
@@ -87,7 +129,8 @@ class PyTreeDataset:
     read-only views of the map. ``max_open``: shards mapped at once.
     ``verify``: check every data checksum of every shard whenever the dataset is
     opened (on creation, and again in a process that maps it after pickling or
-    ``close()``).
+    ``close()``). ``rows`` / ``subsample``: the dataset is that subset of rows
+    (:mod:`tbl_loader.subset`): ``len(ds)`` is its size and ``ds[i]`` its ``i``-th row.
     A URL (``s3://bucket/prefix/``, needs ``tbl-loader[remote]``) is downloaded
     whole into the shard cache (``cache_dir``, ``cache_limit``, which must hold
     it; ``storage_options`` for the store) and served from there.
@@ -112,6 +155,8 @@ class PyTreeDataset:
         cache_dir: Any = None,
         cache_limit: Any = None,
         storage_options: dict[str, Any] | None = None,
+        rows: Any = None,
+        subsample: float | None = None,
     ) -> None:
         if is_url(path):  # random access reads any shard: the whole dataset comes into the cache
             from .remote_dataset import materialize
@@ -127,9 +172,19 @@ class PyTreeDataset:
         self._verify = bool(verify)
         self._source: RowSource | None = None
         self._item: Any = None
+        self._rows: np.ndarray | None = None
+        self._row_copier: Any = None
         source = self._open()
         self._fingerprint = source.fingerprint
-        self._len = source.num_rows
+        try:
+            self._rows = resolve_rows(source.num_rows, rows, subsample)
+        except BaseException:
+            self.close()
+            raise
+        self._len = source.num_rows if self._rows is None else self._rows.shape[0]
+        if self._rows is not None:
+            self.close()
+            self._open()  # the row accessor now maps subset positions to dataset rows
 
     # ---- opening ------------------------------------------------------------------------------
     def _open(self) -> RowSource:
@@ -153,6 +208,12 @@ class PyTreeDataset:
 
             def get(i: int, _get: Any = get, _select: Any = select) -> Any:
                 return _select(_get(i))
+
+        if self._rows is not None:
+            rows = self._rows
+
+            def get(i: int, _get: Any = get, _rows: np.ndarray = rows) -> Any:
+                return _get(int(_rows[i]))  # numpy's rule: negatives from the end, IndexError past it
 
         self._source = source
         self._item = get
@@ -183,6 +244,8 @@ class PyTreeDataset:
         """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring)."""
         source = self._ensure()
         collator = self._collator
+        if self._rows is not None:
+            return collator.batch(source, np.ascontiguousarray(self._rows[as_indices(indices, self._len)]))
         if not isinstance(indices, range):
             idx = np.asarray(indices)
             if idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous:
@@ -194,12 +257,28 @@ class PyTreeDataset:
                     pass
         return collator.batch(source, as_indices(indices, self._len))
 
-    def __getitems__(self, indices: list[int]) -> Any:
-        """torch DataLoader's batched fetch (torch >= 2.2); pair it with ``collate_fn=collate_identity``."""
-        return self.get_batch(indices)
+    def __getitems__(self, indices: list[int]) -> CollatedBatch:
+        """torch DataLoader's batched fetch (torch >= 2.2): a :class:`CollatedBatch`.
+
+        With ``collate_fn=collate_identity`` the DataLoader yields ``get_batch(indices)``;
+        with torch's default collate it collates the rows one by one (same values, slower).
+        """
+        return CollatedBatch(self, indices)
+
+    def collate_row(self, indices: Any, k: int) -> Any:
+        """``ds[indices[k]]`` with writable copies of its array leaves (what a collate_fn may stack or wrap)."""
+        i = indices[k]
+        if self._row_copier is None:
+            self._ensure()
+            self._row_copier = Collator(self.schema, self._leaves, self._var, copy_arrays=True).select
+        source = self._ensure()
+        row = int(self._rows[i]) if self._rows is not None else _index(i)
+        return self._row_copier(source.get(row))
 
     def __iter__(self) -> Iterator[Any]:
         """Every row in order, decoded in column batches (much faster than ``ds[i]`` in a loop)."""
+        if self._rows is not None:
+            return (self[i] for i in range(self._len))
         source = self._ensure()
         rows = iter(source)
         collator = self._collator
@@ -255,6 +334,7 @@ class PyTreeDataset:
         state = dict(self.__dict__)
         state["_source"] = None
         state["_item"] = None
+        state["_row_copier"] = None
         state.pop("_collator", None)
         return state
 

@@ -22,12 +22,14 @@ import numpy as np
 import tbl_format
 
 from .cursor import StreamCursor, StreamOptions
+from .fields import torch_column
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 from .pipeline import HostLoader, HostPipeline
-from .pytree_batch import Collator, Masked, Padded, RowSource
+from .pytree_batch import Collator, RowSource
 from .state import pytree_fingerprint_v0_1
 from .storage import is_url
+from .subset import resolve_rows
 from .verify import verify_mode
 
 __all__ = ["PyTreeLoader"]
@@ -77,6 +79,7 @@ class PyTreeLoader(HostLoader):
     ``verify`` (``"never"``, ``"open"``, ``"lazy"``) is as in ImageLoader (:mod:`tbl_loader.verify`).
     ``shuffle="block"`` is as in ImageLoader. A URL ``path`` is downloaded whole into the shard
     cache (``cache_dir``, ``cache_limit``, ``storage_options``; needs ``tbl-loader[remote]``).
+    ``rows`` / ``subsample`` serve a subset (:mod:`tbl_loader.subset`).
 
     Ring buffers are reused only after every view of a batch was dropped; keep
     copies rather than batches if you store them.
@@ -105,6 +108,8 @@ class PyTreeLoader(HostLoader):
         cache_dir: Any = None,
         cache_limit: Any = None,
         storage_options: dict[str, Any] | None = None,
+        rows: Any = None,
+        subsample: float | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
@@ -120,9 +125,11 @@ class PyTreeLoader(HostLoader):
         source = RowSource(path, max_open=max_open, verify=verify == "open")
         try:
             collator = Collator(source.schema, leaves, var)
-            cursor = StreamCursor(source.num_rows, options, dataset_fingerprint=source.dataset.fingerprint,
+            subset = resolve_rows(source.num_rows, rows, subsample)
+            cursor = StreamCursor(source.num_rows if subset is None else subset.shape[0], options,
+                                  dataset_fingerprint=source.dataset.fingerprint,
                                   accepted_dataset_fingerprints=(pytree_fingerprint_v0_1(source.dataset),),
-                                  shard_rows=source.dataset.segment_rows)
+                                  rows=subset, shard_rows=source.dataset.segment_rows)
             pipeline = HostPipeline(_PyTreeSource(source, collator, verify_lazily=verify == "lazy"), output,
                                     capacity=options.batch_size,
                                     prefetch=prefetch, closers=[source.close])
@@ -156,18 +163,4 @@ class PyTreeLoader(HostLoader):
 
     def _convert(self, col: Any) -> Any:
         """Variable-size values as torch objects: arrays become tensors (moved to ``device``), the rest stays."""
-        import torch
-
-        device = self.output.device
-
-        def convert(value: Any) -> Any:
-            if isinstance(value, np.ndarray):
-                t = torch.from_numpy(value)  # a fresh writable array: no copy, no warning
-                return t if device is None else t.to(device)
-            if isinstance(value, (Padded, Masked)):
-                return type(value)(*(convert(part) for part in value))
-            return value
-
-        if isinstance(col, list):
-            return [convert(v) for v in col] if any(isinstance(v, np.ndarray) for v in col) else col
-        return convert(col)
+        return torch_column(col, self.output.device)

@@ -161,6 +161,24 @@ class Ring:
         slot.in_flight = False  # only now: the user's references / the event protect it from here
         return out, payload
 
+    def hand_over(self, slot: Slot, spec: OutputSpec, convert: Callable[[Any], Any]) -> Any:
+        """``convert(payload)`` for a slot whose payload is the user's batch already (a transformed batch):
+        the buffers are not exported; on CUDA an event guards the copies ``convert`` queued (consumer side)."""
+        payload, slot.payload = slot.payload, None
+        try:
+            out = convert(payload)
+        except BaseException:
+            slot.release()
+            raise
+        if spec.cuda:
+            import torch
+
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(spec.device))
+            slot.event = event
+        slot.in_flight = False  # the user's references / the event protect it from here
+        return out
+
     def close(self) -> None:
         """Drop the buffers and the allocator (which may reference the loader's data source)."""
         self._slots = []

@@ -31,8 +31,10 @@ import numpy as np
 
 from . import order
 from ._kernels import kernels, per_sample_kernels
+from .batch import Batch, host_indices
 from .image_spec import ImageSpec, resized_center_crop_boxes
 from .jpeg_decode import JpegDecodeError, dct_scale, decode_jpeg, decoder_info, scale_boxes
+from .keys import sample_keys
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
 
@@ -171,6 +173,12 @@ class VariableImageSource:
         # order.center_crop_box's rule (torchvision's CenterCrop), per sample
         top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
         return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
+
+    def batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan, backend: str,
+              torch_device: Any = False) -> Batch:
+        """The Batch of one plan: images, labels, dataset rows and per-sample keys (one view, no fields)."""
+        return Batch(outputs["images"], outputs.get("labels"), host_indices(plan.sample_ids, backend),
+                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids))
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
         ids = plan.sample_ids

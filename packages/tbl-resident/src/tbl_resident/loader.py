@@ -40,6 +40,7 @@ from tbl_loader import (
     StreamCursor,
     StreamOptions,
     order,
+    resolve_rows,
 )
 
 from . import device as _device
@@ -77,7 +78,8 @@ class _Serving:
     """Everything that lives on the device for one loader, and the per-batch recipe."""
 
     def __init__(self, *, images: torch.Tensor, labels: torch.Tensor | None, normalizer: Normalizer,
-                 queue: DeviceQueue, seed: int, spec: ImageSpec, columns: ImageColumns) -> None:
+                 queue: DeviceQueue, seed: int, spec: ImageSpec, columns: ImageColumns,
+                 rows: np.ndarray | None = None) -> None:
         self.images = images
         self.labels = labels
         self.normalizer = normalizer
@@ -86,7 +88,7 @@ class _Serving:
         self.crop = crop = spec.random_resized_crop
         self.center_box = columns.center_box
         self.out_hw = out_hw = columns.out_hw
-        self.orders = OrderAhead(seed, spec.hflip)
+        self.orders = OrderAhead(seed, spec.hflip, rows)
         _, self.height, self.width, _ = images.shape
         self.axes: tuple[AxisTable, AxisTable] | None = None
         if crop is not None:
@@ -201,8 +203,8 @@ class ResidentImageLoader(Resumable):
     Arguments as :class:`tbl_loader.ImageLoader` (``path``, ``batch_size``,
     ``shuffle``, ``seed``, ``drop_last``, ``mean``, ``std``, ``hflip``,
     ``random_resized_crop``, ``center_crop``, ``dtype``, ``layout``, ``prefetch``,
-    ``rank``, ``world_size``, ``padding``, ``image_key``, ``label_key``) with the
-    same outputs, determinism, resume and sharding, plus:
+    ``rank``, ``world_size``, ``padding``, ``image_key``, ``label_key``, ``rows``,
+    ``subsample``) with the same outputs, determinism, resume and sharding, plus:
 
     ``device``: ``"cuda"`` (or ``"cuda:N"``), ``"mps"`` or ``"cpu"`` (the same
     code on CPU tensors). ``channels_last``: with ``layout="CHW"``, return
@@ -261,10 +263,15 @@ class ResidentImageLoader(Resumable):
         label_key: str = "label",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         progress: bool | None = None,
+        rows: Any = None,
+        subsample: float | None = None,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
                          label_key=label_key)
+        if spec.extra_crops:
+            raise ValueError("several random_resized_crop views (multi-crop) are served by tbl_loader.ImageLoader; "
+                             "ResidentImageLoader takes one RandomResizedCrop")
         if channels_last and layout != "CHW":
             raise ValueError('channels_last=True applies to layout="CHW" (HWC batches are channels-last already)')
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
@@ -282,8 +289,10 @@ class ResidentImageLoader(Resumable):
         try:
             columns = spec.bind(dataset)
             normalizer = Normalizer(spec.mean, spec.std, dtype, layout, bool(channels_last), columns.channels, dev)
-            self.cursor = StreamCursor(columns.num_samples, options, dataset_fingerprint=dataset.fingerprint,
-                                       settings=spec.stream_settings())
+            subset = resolve_rows(columns.num_samples, rows, subsample)
+            self.cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
+                                       dataset_fingerprint=dataset.fingerprint, settings=spec.stream_settings(),
+                                       rows=subset)
             self.cursor.on_jump(self._active.stop)
             self.spec = spec
             self.prefetch = prefetch
@@ -298,7 +307,7 @@ class ResidentImageLoader(Resumable):
                 dataset.close()  # everything the loader needs is on the device now (or it failed)
         queue = DeviceQueue(dev)
         self._serving = _Serving(images=resident, labels=label_tensor, normalizer=normalizer, queue=queue,
-                                 seed=options.seed, spec=spec, columns=columns)
+                                 seed=options.seed, spec=spec, columns=columns, rows=self.cursor.rows)
         # Joins the order thread when the loader is closed or collected (the callback does not reference self).
         self._orders_finalizer = weakref.finalize(self, self._serving.orders.close)
         queue.synchronize()  # tables and uploads are complete before any side-stream work reads them
@@ -323,12 +332,12 @@ class ResidentImageLoader(Resumable):
     def _upload(self, columns: ImageColumns, chunk_bytes: int, progress: bool | None):
         h, w, c = columns.image_shape
         labels = columns.labels
-        resident = torch.empty((self.num_samples, h, w, c), dtype=torch.uint8, device=self.device)
+        resident = torch.empty((columns.num_samples, h, w, c), dtype=torch.uint8, device=self.device)
         stats: UploadStats = upload_rows(columns.images, resident, chunk_bytes=chunk_bytes, progress=progress,
                                          description=f"upload to {self.device}")
         label_tensor = None
         if labels is not None:
-            label_tensor = torch.empty((self.num_samples,), dtype=torch.int64, device=self.device)
+            label_tensor = torch.empty((columns.num_samples,), dtype=torch.int64, device=self.device)
             upload_rows(labels, label_tensor, chunk_bytes=chunk_bytes, progress=False)
         return resident, label_tensor, stats
 

@@ -25,9 +25,12 @@ _MAX_EPOCH = (1 << 64) - 1
 _THREAD_PREFIX = "tbl-resident-order"
 
 
-def pass_order(plan_order: EpochOrder, seed: int, hflip: float) -> tuple[np.ndarray, np.ndarray | None]:
-    """This rank's sample ids for the rest of the epoch and their flip draws (None without flips)."""
-    ids = plan_order.indices
+def pass_order(plan_order: EpochOrder, seed: int, hflip: float,
+               rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """This rank's sample ids for the rest of the epoch and their flip draws (None without flips).
+
+    ``rows``: the loader's subset (``StreamCursor.rows``): the order's positions are mapped to these rows."""
+    ids = plan_order.indices if rows is None else np.ascontiguousarray(rows[plan_order.indices])
     flips = order.flip_draws(seed, plan_order.epoch, ids, hflip) if hflip > 0.0 else None
     return ids, flips
 
@@ -39,9 +42,10 @@ class OrderAhead:
     thread; the thread holds no device memory and no reference to the loader.
     """
 
-    def __init__(self, seed: int, hflip: float) -> None:
+    def __init__(self, seed: int, hflip: float, rows: np.ndarray | None = None) -> None:
         self.seed = seed
         self.hflip = hflip
+        self.rows = rows
         self._pool: ThreadPoolExecutor | None = None
         self._pending: tuple[EpochOrder, Future] | None = None
         self._closed = False
@@ -53,12 +57,13 @@ class OrderAhead:
         else:
             if pending is not None:
                 pending[1].cancel()
-            result = pass_order(plan_order, self.seed, self.hflip)
+            result = pass_order(plan_order, self.seed, self.hflip, self.rows)
         if not self._closed and plan_order.epoch < _MAX_EPOCH:
             following = dataclasses.replace(plan_order, epoch=plan_order.epoch + 1, start=0)
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=_THREAD_PREFIX)
-            self._pending = (following, self._pool.submit(pass_order, following, self.seed, self.hflip))
+            self._pending = (following, self._pool.submit(pass_order, following, self.seed, self.hflip,
+                                                              self.rows))
         return result
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ SUITES = {
     "torch": "tbl_bench.suites.torch_dataloader",
     "resident": "tbl_bench.suites.resident",
     "train": "tbl_bench.suites.train",
+    "tokens": "tbl_bench.suites.tokens",
 }
 
 

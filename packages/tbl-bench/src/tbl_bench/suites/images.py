@@ -99,11 +99,12 @@ def _crop_spec(size: int):
 
 class _TblServe:
     def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device,
-                 verify: str = "never", reopen: bool = False, dtype: str = "float32"):
+                 verify: str = "never", reopen: bool = False, dtype: str = "float32",
+                 fields: bool = False):
         ImageLoader = _image_loader()
         if aug not in AUGMENTATIONS:
             raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
-        kwargs = {}
+        kwargs = {"fields": FIELDS} if fields else {}
         if aug in ("flip", "crop"):
             kwargs["hflip"] = 0.5
         if aug == "crop":
@@ -136,6 +137,8 @@ class _TblServe:
         n = 0
         for batch in self.loader:
             consume_batch(batch.images, self.level)
+            for value in batch.fields.values():  # touched, as a training step would read them
+                len(value)
             n += batch.images.shape[0]
         return n
 
@@ -144,13 +147,29 @@ class _TblServe:
 
 
 def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None,
-              verify: str = "never", reopen: bool = False, dtype: str = "float32"):
+              verify: str = "never", reopen: bool = False, dtype: str = "float32",
+              fields: bool = False):
     """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
 
     `size` is the output size of the crop configuration; plain and flip serve the stored size.
     `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost);
-    `dtype` the output dtype."""
-    return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen, dtype)
+    `dtype` the output dtype; `fields` serves FIELDS beside the images (a dataset written by
+    `write_fields_dataset`)."""
+    return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen, dtype, fields)
+
+
+FIELDS = ("orig_size", "score", "path")
+"""Extra leaves of the fields configurations: two fixed-size ((2,) int64, float64) and one string."""
+
+
+def write_fields_dataset(src: str, dst: str) -> None:
+    """The converted dataset `src` again with FIELDS added to every row (the fields configurations read it)."""
+    import tbl_format
+
+    with tbl_format.open(src) as ds:
+        rows = ({**row, "orig_size": np.array([480 + i % 7, 640 - i % 5], np.int64), "score": i / 7.0,
+                 "path": f"train/n{i % 10:08d}/img_{i:06d}.JPEG"} for i, row in enumerate(ds))
+        tbl_format.write(rows, dst, shard_rows=max(1, len(ds) // 2))
 
 
 class _NumpyReference:
@@ -247,6 +266,15 @@ def configurations(ctx: BenchContext) -> list[Config]:
                                        "tbl_bench.suites.images:tbl_serve",
                                        {"path": path, "batch_size": s.batch_size, "aug": aug, "level": level,
                                         "size": size, **extra}, skip=skip))
+            if aug == "plain" and level == "consume" and not skip:
+                # The cost of extra fields: the same dataset with FIELDS added, served with and without them.
+                fields_path = str(ctx.artifact(f"images-fields-{size}", {"kind": "images-fields", "src": path},
+                                               lambda p, src=path: write_fields_dataset(src, str(p))))
+                for suffix, on in (("images-only", False), ("fields", True)):
+                    configs.append(cfg(f"tbl/{level}/{aug}/{size}/{suffix}", "tbl",
+                                       "tbl_bench.suites.images:tbl_serve",
+                                       {"path": fields_path, "batch_size": s.batch_size, "aug": aug, "level": level,
+                                        "size": size, "fields": on}))
             if aug == "plain":
                 configs.append(cfg(f"numpy/{level}/plain/{size}", "numpy", "tbl_bench.suites.images:numpy_reference",
                                    {"path": path, "batch_size": s.batch_size, "level": level, "aug": "plain",

@@ -1,0 +1,195 @@
+"""Map-style access to an image dataset, for torch's ``DataLoader`` and samplers.
+
+:class:`ImageDataset` serves the samples an :class:`~tbl_loader.ImageLoader`
+serves (same normalization, flips, crops, dtype, layout and subset), by
+position: ``len(ds)``, ``ds[i]`` (one ``(image, label)`` pair), and
+``ds.get_batch(positions)`` / ``__getitems__`` (one :class:`~tbl_loader.Batch`
+made by the same kernel calls as the loader's batches, bit for bit). Build it
+with ``ImageDataset.from_loader(loader)`` or ``ImageDataset(path, **image_options)``.
+
+Augmentation draws depend on the epoch (a pure function of ``(seed, epoch,
+row)``). :class:`EpochBatchSampler` yields the loader's batches of the current
+epoch as :class:`EpochBatch` lists of positions that carry their epoch, so
+worker processes (spawn or fork, persistent or not) draw exactly what the
+loader draws; a plain list of positions uses ``ds.epoch`` (``ds.set_epoch``).
+
+torch's DataLoader::
+
+    ds = ImageDataset.from_loader(loader)
+    DataLoader(ds, batch_sampler=EpochBatchSampler(loader), collate_fn=collate_identity,
+               num_workers=2, multiprocessing_context="spawn")
+
+``collate_identity`` yields the dataset's ``Batch`` (one kernel call per batch);
+torch's default collate also works (it stacks ``ds[i]`` pairs row by row).
+
+Processes: pickling keeps the path, the options and the dataset's fingerprint;
+the copy opens the dataset on first use and raises
+``tbl_format.DatasetChangedError`` if it changed meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+
+from .fields import FieldReader
+from .image_loader import Batch, _field_paths, _ImageSource
+from .image_spec import ImageSpec
+from .order import BatchPlan
+from .output import OutputSpec
+from .pytree_dataset import CollatedBatch, as_indices
+from .subset import resolve_rows
+
+__all__ = ["EpochBatch", "EpochBatchSampler", "ImageDataset"]
+
+
+class EpochBatch(list):
+    """A batch of dataset positions (a list of ints) tagged with the ``epoch`` its augmentation belongs to."""
+
+    def __init__(self, positions: Any, epoch: int) -> None:
+        super().__init__(positions)
+        self.epoch = int(epoch)
+
+
+class EpochBatchSampler:
+    """The batches of ``loader``'s current epoch on its rank, from its current position, as :class:`EpochBatch`.
+
+    Iterating does not move the loader; ``len()`` is the number of batches, as ``len(loader)``.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.cursor = loader.cursor
+
+    def __len__(self) -> int:
+        return self.cursor.batches_left()
+
+    def __iter__(self) -> Iterator[EpochBatch]:
+        order = self.cursor.epoch_order()
+        options = self.cursor.options
+        positions = order.indices
+        size = options.batch_size
+        for k in range(order.num_batches(size, options.drop_last)):
+            yield EpochBatch(positions[k * size : (k + 1) * size].tolist(), order.epoch)
+
+
+class ImageDataset:
+    """Map-style image dataset (see the module docstring).
+
+    ``path``: a ``.tbl`` file, a dataset directory or a TurboLoader v2 file.
+    ``image_options``: ImageLoader's image keywords (``mean``, ``std``, ``hflip``,
+    ``random_resized_crop``, ``center_crop``, ``dtype``, ``layout``, ``image_key``,
+    ``label_key``), or ``spec``: an :class:`~tbl_loader.ImageSpec` holding them. ``fields``,
+    ``var``, ``seed``,
+    ``rows``, ``subsample``, ``backend`` as in ImageLoader; ``epoch``: the epoch whose
+    draws plain position lists get.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, seed: int = 0, rows: Any = None,
+                 subsample: float | None = None, backend: str | None = None, epoch: int = 0,
+                 spec: ImageSpec | None = None, fields: Any = (), var: str = "list", **image_options: Any) -> None:
+        if spec is not None and image_options:
+            raise TypeError(f"pass spec= or image options, not both (got {sorted(image_options)})")
+        self.path = path
+        self.spec = spec if spec is not None else ImageSpec(**image_options)
+        self.seed = int(seed)
+        self.fields, self.var = tuple(fields), var
+        self.output = OutputSpec.create(backend)
+        self.epoch = int(epoch)
+        self._state: tuple[Any, _ImageSource] | None = None
+        dataset, _ = self._ensure()
+        self.fingerprint = dataset.fingerprint
+        try:
+            self.rows = resolve_rows(self._source_rows, rows, subsample)
+        except BaseException:
+            self.close()
+            raise
+        self._len = self._source_rows if self.rows is None else int(self.rows.shape[0])
+
+    @classmethod
+    def from_loader(cls, loader: Any) -> ImageDataset:
+        """The map-style twin of an ImageLoader: its dataset, image settings, seed, subset and backend."""
+        ds = cls(loader.dataset.path, seed=loader.seed, backend=loader.output.backend, epoch=loader.epoch,
+                 spec=loader.spec, fields=loader.fields, var=loader.var)
+        ds.rows = loader.cursor.rows
+        ds._len = loader.num_samples
+        return ds
+
+    # ---- opening --------------------------------------------------------------------------------
+    def _ensure(self) -> tuple[Any, _ImageSource]:
+        if self._state is None:
+            dataset = tbl_format.open(self.path)
+            try:
+                expected = getattr(self, "fingerprint", None)
+                if expected is not None and dataset.fingerprint != expected:
+                    raise tbl_format.DatasetChangedError(
+                        f"{self.path}: the dataset changed since this ImageDataset was created")
+                columns = self.spec.bind(dataset, any_label=True)
+                paths = _field_paths(self.fields, self.spec, columns)
+                reader = FieldReader(dataset, paths, self.var) if paths else None
+            except BaseException:
+                dataset.close()
+                raise
+            self._source_rows = columns.num_samples
+            self._state = (dataset, _ImageSource(columns, self.spec, self.seed, fields=reader))
+        return self._state
+
+    def close(self) -> None:
+        """Unmap the dataset; the next access maps it again."""
+        state, self._state = self._state, None
+        if state is not None:
+            state[0].close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_state"] = None
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose augmentation draws plain position lists get."""
+        self.epoch = int(epoch)
+
+    # ---- samples --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def get_batch(self, positions: Any, epoch: int | None = None) -> Batch:
+        """Positions ``positions`` as one :class:`Batch` (fresh arrays, the loader's values bit for bit).
+
+        ``epoch``: the draws' epoch; default ``positions.epoch`` for an :class:`EpochBatch`, else ``self.epoch``.
+        """
+        if epoch is None:
+            epoch = getattr(positions, "epoch", self.epoch)
+        _, source = self._ensure()
+        pos = as_indices(positions, self._len)
+        rows = pos if self.rows is None else np.ascontiguousarray(self.rows[pos])
+        n = rows.shape[0]
+        buffers = source.allocate(max(n, 1), self.output)
+        plan = BatchPlan(int(epoch), 0, rows, 0, False)
+        payload = source.fill({k: v.kernel for k, v in buffers.items()}, plan)
+        outputs = {name: a.export(n, self.output) for name, a in buffers.items()}
+        return source.batch(outputs, payload, plan, self.output.backend, None)
+
+    def __getitems__(self, positions: Any) -> CollatedBatch:
+        """torch DataLoader's batched fetch: a CollatedBatch (``collate_identity`` gives ``get_batch``)."""
+        return CollatedBatch(self, positions)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, (list, tuple, range, np.ndarray, slice)):
+            if isinstance(i, slice):
+                i = range(*i.indices(self._len))
+            return self.get_batch(i)
+        return self.collate_row([i], 0)
+
+    def collate_row(self, positions: Any, k: int) -> Any:
+        """Sample ``positions[k]`` as ``(image, label)`` (the image alone without a label leaf), with the
+        draws of ``positions.epoch`` (an :class:`EpochBatch`) or ``self.epoch``."""
+        batch = self.get_batch([positions[k]], epoch=getattr(positions, "epoch", self.epoch))
+        return batch.images[0] if batch.labels is None else (batch.images[0], batch.labels[0])
+
+    def __repr__(self) -> str:
+        return f"ImageDataset({str(self.path)!r}, rows={self._len})"
