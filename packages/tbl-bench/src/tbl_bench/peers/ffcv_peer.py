@@ -20,7 +20,7 @@ from tbl_bench.levels import consume_batch
 from tbl_bench.peers.decoded import decoded_images
 from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["ffcv_serve", "ffcv_unavailable_reason", "ffcv_write"]
+__all__ = ["ffcv_serve", "ffcv_unavailable_reason", "ffcv_write", "ffcv_write_photos"]
 
 
 def ffcv_unavailable_reason() -> str | None:
@@ -105,3 +105,48 @@ class _Serve:
 def ffcv_serve(path: str, size: int, batch_size: int, aug: str, level: str, workers: int = 2, seed: int = 0):
     """Workload factory: ffcv.loader.Loader over a .beton from `ffcv_write`."""
     return _Serve(path, size, batch_size, aug, level, workers, seed)
+
+
+class _Photos:
+    """Indexable (full decoded photo, label) pairs read lazily from the TAR, as DatasetWriter reads them.
+
+    The photo goes in at its own size: FFCV's RGBImageField caps it at `max_resolution` itself."""
+
+    def __init__(self, tar: str):
+        from tbl_bench.peers.pil import index_tar
+
+        self.tar = tar
+        self.spans, self.labels = index_tar(tar)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __getitem__(self, i: int):
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        offset, nbytes = self.spans[i]
+        with open(self.tar, "rb") as f:  # one handle per call: the writer reads from worker processes
+            f.seek(offset)
+            data = f.read(nbytes)
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")), self.labels[i]
+
+
+def ffcv_write_photos(tar: str, dst: str, write_mode: str, max_resolution: int, workers: int = 2) -> int:
+    """Write the TAR's photos into the .beton `dst` as FFCV stores variable-size images; return the count.
+
+    `write_mode`: "jpg" (FFCV resizes to `max_resolution` and re-encodes) or "raw" (decoded pixels of each
+    photo's capped size), FFCV's two modes to compare with TBL's `--store jpeg` / `--store raw --max-size`."""
+    _require_ffcv()
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    if write_mode not in ("jpg", "raw"):
+        raise ValueError(f"write_mode must be 'jpg' or 'raw', got {write_mode!r}")
+    photos = _Photos(tar)
+    writer = DatasetWriter(str(dst), {"image": RGBImageField(write_mode=write_mode, max_resolution=max_resolution),
+                                      "label": IntField()}, num_workers=workers)
+    writer.from_indexed_dataset(photos)
+    return len(photos)

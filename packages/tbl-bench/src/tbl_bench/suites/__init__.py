@@ -26,6 +26,7 @@ SUITES = {
     "format_read": "tbl_bench.suites.format_read",
     "convert": "tbl_bench.suites.convert",
     "images": "tbl_bench.suites.images",
+    "variable_images": "tbl_bench.suites.variable_images",
     "pytree": "tbl_bench.suites.pytree",
     "pytree_read": "tbl_bench.suites.pytree_read",
     "pytree_dataloader": "tbl_bench.suites.pytree_dataloader",

@@ -1,0 +1,151 @@
+"""Serving from images stored as they come: TBL's three storages against FFCV's two modes and PyTorch + PIL.
+
+Every configuration serves RandomResizedCrop(224) (scale 0.08-1, ratio 3/4-4/3)
++ horizontal flip p=0.5, float32 CHW normalized, batch 256, at the consume
+level, with the same parallelism (THREADS loader threads / workers), from the
+same photos:
+
+- TBL from JPEG storage (`convert(max_size=256, store="jpeg")`: decode inside the
+  batch pass, DCT-domain downscaling where the crop allows), from variable raw
+  storage (`store="raw"`), and from today's fixed 224 x 224 raw file
+  (`convert(size=224)`, center crop);
+- FFCV 1.0.2, JPEG mode and raw mode (`RGBImageField(write_mode="jpg" / "raw",
+  max_resolution=256)`), served by its `Loader` with
+  RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip,
+  NormalizeImage, ToTensor, ToTorchImage (peer interpreter; skipped with the
+  import error where FFCV does not import);
+- the baseline: a PyTorch DataLoader decoding the JPEGs of the TAR with PIL
+  every epoch, with the torchvision transforms reimplemented in PIL + numpy
+  (`tbl_bench.peers.transforms`; torchvision itself is not a dependency).
+
+The photos are the bench TAR's (10,000 in a full run, 1,000 with --quick); a
+TAR of more than SUBSET_ROWS is cut to its first SUBSET_ROWS JPEGs, written
+once to a subset TAR that every tool converts, so that an epoch of the PIL
+baseline stays within about a minute on a 2-core machine (~300 images/s).
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+from tbl_bench.config import Config
+from tbl_bench.context import BenchContext, DataUnavailable
+
+NAME = "variable_images"
+TITLE = "Serving variable-size images (RandomResizedCrop 224 + flip)"
+UNIT = "images/s"
+COMPARE_ON = ("level", "aug", "size")
+ROUNDS = 3
+
+MAX_SIZE, OUTPUT_SIZE, BATCH_SIZE, THREADS = 256, 224, 256, 2
+SUBSET_ROWS = 10_000
+
+# Goals of the comparison (issue 12): name -> (numerator, denominator, at least).
+GOALS = {
+    "tbl jpeg256 vs ffcv jpg256": ("tbl/jpeg256", "ffcv/jpg256", 1.3),
+    "tbl jpeg256 vs pytorch-pil": ("tbl/jpeg256", "pil/jpeg-tar", 4.0),
+    "tbl raw256 vs ffcv raw256": ("tbl/raw256", "ffcv/raw256", 1.5),
+}
+
+
+def subset_rows(ctx: BenchContext) -> int:
+    return min(ctx.sizes.images, SUBSET_ROWS)
+
+
+def _write_first_members(src: Path, dst: Path, count: int) -> None:
+    """The first `count` files of the TAR `src` (names, bytes and order kept) as the TAR `dst`, atomically."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    written = 0
+    with tarfile.open(src) as tin, tarfile.open(tmp, "w") as tout:
+        for member in tin:
+            if written == count:
+                break
+            if member.isfile():
+                tout.addfile(member, tin.extractfile(member))
+                written += 1
+    if written != count:
+        tmp.unlink()
+        raise DataUnavailable(f"{src} holds {written} files, fewer than the {count} asked for")
+    os.replace(tmp, dst)
+
+
+def subset_tar(ctx: BenchContext) -> Path:
+    """The bench TAR, or its first `subset_rows(ctx)` JPEGs when it holds more (made once per data directory)."""
+    tar = ctx.image_tar()
+    n = subset_rows(ctx)
+    if n == ctx.sizes.images:
+        return tar
+    return ctx.artifact(f"{tar.stem}-first{n}.tar", {"kind": "subset_tar", "tar": tar.name, "rows": n},
+                        lambda path: _write_first_members(tar, path, n))
+
+
+# Config name -> convert() keyword arguments of TBL's three storages.
+TBL_STORAGES = {"tbl/jpeg256": {"max_size": MAX_SIZE, "store": "jpeg"},
+                "tbl/raw256": {"max_size": MAX_SIZE, "store": "raw"},
+                "tbl/fixed224": {"size": OUTPUT_SIZE}}
+
+
+def _tbl_file(ctx: BenchContext, tar: Path, name: str, kwargs: dict) -> tuple[str, str | None]:
+    try:
+        from tbl_loader import convert
+    except ImportError as e:
+        return "", f"tbl_loader.convert is not importable: {e}"
+    key = {"kind": "tbl_variable", "tar": tar.name, **kwargs}
+    stem = name.split("/", 1)[1]
+    try:
+        path = ctx.artifact(f"{tar.stem}-{stem}.tbl", key, lambda dst: convert(
+            tar, dst, workers=THREADS, report=False, progress=False, **kwargs))
+    except DataUnavailable as e:
+        return "", str(e)
+    return str(path), None
+
+
+def _ffcv_file(ctx: BenchContext, tar: Path, write_mode: str) -> tuple[str, str | None]:
+    try:
+        reason = ctx.peer_call("tbl_bench.peers.ffcv_peer:ffcv_unavailable_reason", {})
+    except RuntimeError as e:
+        reason = str(e)
+    if reason is not None:
+        return "", reason
+    try:
+        path = ctx.peer_artifact(f"{tar.stem}-{write_mode}{MAX_SIZE}.beton",
+                                 {"kind": "ffcv_photos", "tar": tar.name, "write_mode": write_mode,
+                                  "max_resolution": MAX_SIZE},
+                                 "tbl_bench.peers.ffcv_peer:ffcv_write_photos",
+                                 {"tar": str(tar), "write_mode": write_mode, "max_resolution": MAX_SIZE,
+                                  "workers": THREADS})
+    except DataUnavailable as e:
+        return "", str(e)
+    return str(path), None
+
+
+def configurations(ctx: BenchContext) -> list[Config]:
+    timing = {"warmup": 1, "epochs": 2 if not ctx.quick else 1, "unit": UNIT}
+    crop = {"batch_size": BATCH_SIZE, "aug": "crop", "level": "consume", "size": OUTPUT_SIZE}
+    tar = subset_tar(ctx)
+    configs = []
+    for name, kwargs in TBL_STORAGES.items():
+        path, skip = _tbl_file(ctx, tar, name, kwargs)
+        configs.append(Config(NAME, name, "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, **crop},
+                              skip=skip, **timing))
+    for mode in ("jpg", "raw") if ctx.peers else ():
+        path, skip = _ffcv_file(ctx, tar, mode)
+        configs.append(Config(NAME, f"ffcv/{mode}{MAX_SIZE}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
+                              {"path": path, "workers": THREADS, **crop},
+                              skip=skip, peer=True, **timing))
+    configs.append(Config(NAME, "pil/jpeg-tar", "pil", "tbl_bench.peers.pil:pil_loader",
+                          {"tar": str(tar), "workers": THREADS, **crop},
+                          role="baseline", **timing))
+    return configs
+
+
+def ratios(results: dict[str, dict]) -> dict[str, float]:
+    """The goals' same-run ratios of median images/s (a goal whose two sides did not both run is absent)."""
+    out = {}
+    for label, (num, den, _goal) in GOALS.items():
+        if num in results and den in results and results[den]["throughput"]:
+            out[label] = results[num]["throughput"] / results[den]["throughput"]
+    return out

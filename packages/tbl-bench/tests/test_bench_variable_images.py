@@ -1,0 +1,80 @@
+"""The variable_images suite, run for real on a few generated photos (not timed: structure only)."""
+
+import importlib.util
+import sys
+import tarfile
+
+import pytest
+
+from tbl_bench.bench import run_bench
+from tbl_bench.context import BenchContext, Sizes
+from tbl_bench.suites import variable_images
+
+pytest.importorskip("skimage", reason="the generated photos need tbl-bench[photos]")
+pytest.importorskip("torch", reason="the PyTorch DataLoader baseline needs torch")
+
+SUBSET = 6
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("variable_images")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(variable_images, "SUBSET_ROWS", SUBSET)  # fewer rows than the generated TAR holds
+    try:
+        ctx = BenchContext(tmp / "data", quick=True, peers=True, peer_python=sys.executable,
+                           sizes=Sizes(images=9, classes=3, image_size=32, batch_size=4, scalar_rows=10,
+                                       array_rows=10, warmup=1, epochs=1))
+        doc = run_bench(["variable_images"], ctx, tmp / "results.json", rounds=1)
+    finally:
+        mp.undo()
+    return ctx, doc
+
+
+def test_every_tbl_storage_and_the_baseline_served_the_same_subset(run):
+    ctx, doc = run
+    entry = doc["suites"]["variable_images"]
+    results = {r["name"]: r for r in entry["results"]}
+    for name in ("tbl/jpeg256", "tbl/raw256", "tbl/fixed224", "pil/jpeg-tar"):
+        assert results[name]["status"] == "ok", results[name]
+        assert results[name]["items_per_epoch"] == SUBSET
+        assert results[name]["throughput"] > 0
+        assert results[name]["params"]["aug"] == "crop" and results[name]["params"]["size"] == 224
+        assert results[name]["params"]["batch_size"] == 256 and results[name]["params"]["level"] == "consume"
+    assert results["pil/jpeg-tar"]["role"] == "baseline"
+    assert results["pil/jpeg-tar"]["params"]["workers"] == variable_images.THREADS
+    assert all(results[f"tbl/{s}"]["params"]["threads"] == variable_images.THREADS
+               for s in ("jpeg256", "raw256", "fixed224"))
+    assert "tbl jpeg256 vs pytorch-pil" in entry["ratios"]
+
+
+def test_subset_tar_holds_the_first_rows_of_the_bench_tar(run, monkeypatch):
+    ctx, _ = run
+    monkeypatch.setattr(variable_images, "SUBSET_ROWS", SUBSET)
+    with tarfile.open(ctx.image_tar()) as full, tarfile.open(variable_images.subset_tar(ctx)) as sub:
+        full_files = [(m.name, full.extractfile(m).read()) for m in full if m.isfile()]
+        sub_files = [(m.name, sub.extractfile(m).read()) for m in sub if m.isfile()]
+    assert len(full_files) == 9 and sub_files == full_files[:SUBSET]
+
+
+def test_ffcv_runs_or_is_skipped_with_its_import_error(run):
+    _, doc = run
+    results = {r["name"]: r for r in doc["suites"]["variable_images"]["results"]}
+    for name in ("ffcv/jpg256", "ffcv/raw256"):
+        if importlib.util.find_spec("ffcv") is None:
+            assert results[name]["status"] == "skipped"
+            assert "ffcv does not import" in results[name]["reason"]
+        else:
+            assert results[name]["status"] == "ok" and results[name]["items_per_epoch"] == SUBSET
+
+
+def test_goal_ratios_need_both_sides():
+    results = {"tbl/jpeg256": {"throughput": 300.0}, "pil/jpeg-tar": {"throughput": 100.0},
+               "tbl/raw256": {"throughput": 50.0}}
+    assert variable_images.ratios(results) == {"tbl jpeg256 vs pytorch-pil": 3.0}
+
+
+def test_a_tar_within_the_cap_is_served_whole(run, monkeypatch):
+    ctx, _ = run
+    monkeypatch.setattr(variable_images, "SUBSET_ROWS", 100)
+    assert variable_images.subset_tar(ctx) == ctx.image_tar()
