@@ -16,8 +16,8 @@ normalization to float32 through a lookup table, then a torch NCHW view;
 from __future__ import annotations
 
 from tbl_bench.config import SkipConfig
-from tbl_bench.levels import consume_batch
 from tbl_bench.peers.decoded import decoded_images
+from tbl_bench.peers.epochs import ImageLabelEpochs
 from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["ffcv_serve", "ffcv_unavailable_reason", "ffcv_write", "ffcv_write_photos"]
@@ -67,7 +67,7 @@ def ffcv_write(tar: str, dst: str, size: int, workers: int = 2) -> int:
     return len(images)
 
 
-class _Serve:
+class _Serve(ImageLabelEpochs):
     def __init__(self, path: str, size: int, batch_size: int, aug: str, level: str, workers: int, seed: int):
         _require_ffcv()
         import numpy as np
@@ -90,13 +90,6 @@ class _Serve:
                              pipelines={"image": image_pipeline, "label": [IntDecoder(), ToTensor()]})
         self.items_per_epoch = int(self.loader.reader.num_samples)  # numpy uint64: not JSON
         self.info = {"workers": workers}
-
-    def run_epoch(self, epoch: int) -> int:
-        n = 0
-        for images, _labels in self.loader:
-            consume_batch(images, self.level)
-            n += images.shape[0]
-        return n
 
     def close(self) -> None:
         self.loader = None

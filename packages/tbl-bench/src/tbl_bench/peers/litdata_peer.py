@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from tbl_bench.config import SkipConfig
-from tbl_bench.levels import consume_batch
+from tbl_bench.peers.epochs import ImageLabelEpochs
 from tbl_bench.peers.pil import index_tar
 from tbl_bench.peers.transforms import transform_image
 
@@ -102,7 +102,7 @@ class _Transform:
         return transform_image(Image.fromarray(sample["image"]), self.size, self.aug, self._rng), sample["label"]
 
 
-class _Serve:
+class _Serve(ImageLabelEpochs):
     def __init__(self, path: str, size: int, batch_size: int, aug: str, level: str, workers: int, seed: int):
         litdata = _import_litdata()
         self.level = level
@@ -116,13 +116,6 @@ class _Serve:
             ds, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0
         )
         self.info = {"litdata": litdata.__version__, "workers": workers}
-
-    def run_epoch(self, epoch: int) -> int:
-        n = 0
-        for images, _labels in self.loader:
-            consume_batch(images, self.level)
-            n += images.shape[0]
-        return n
 
     def close(self) -> None:
         self.loader = None

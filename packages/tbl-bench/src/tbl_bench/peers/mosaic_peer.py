@@ -16,8 +16,8 @@ import types
 from pathlib import Path
 
 from tbl_bench.config import SkipConfig
-from tbl_bench.levels import consume_batch
 from tbl_bench.peers.decoded import SampleTransform, decoded_images
+from tbl_bench.peers.epochs import ImageLabelEpochs
 
 __all__ = ["mosaic_serve", "mosaic_write"]
 
@@ -79,7 +79,7 @@ def _dataset_class(streaming):
     return _Dataset
 
 
-class _Serve:
+class _Serve(ImageLabelEpochs):
     def __init__(self, path: str, size: int, batch_size: int, aug: str, level: str, workers: int, seed: int):
         streaming = _import_streaming()
         import torch.utils.data
@@ -96,13 +96,6 @@ class _Serve:
                                                   persistent_workers=workers > 0)
         self.info = {"mosaicml-streaming": streaming.__version__, "workers": workers,
                      "import": getattr(streaming, "import_note", "import streaming")}
-
-    def run_epoch(self, epoch: int) -> int:
-        n = 0
-        for images, _labels in self.loader:
-            consume_batch(images, self.level)
-            n += images.shape[0]
-        return n
 
     def close(self) -> None:
         self.loader = None

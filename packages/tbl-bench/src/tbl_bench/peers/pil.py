@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from tbl_bench.config import SkipConfig
-from tbl_bench.levels import consume_batch
+from tbl_bench.peers.epochs import ImageLabelEpochs
 from tbl_bench.peers.transforms import transform_image
 
 __all__ = ["PilTarDataset", "index_tar", "pil_loader"]
@@ -71,7 +71,7 @@ class PilTarDataset:
         return transform_image(img, self.size, self.aug, self._worker_rng()), self.labels[i]
 
 
-class _PilWorkload:
+class _PilWorkload(ImageLabelEpochs):
     def __init__(self, tar: str, size: int, batch_size: int, aug: str, level: str, workers: int, seed: int):
         try:
             import torch
@@ -93,13 +93,6 @@ class _PilWorkload:
             generator=gen,
         )
         self.info = {"workers": workers}
-
-    def run_epoch(self, epoch: int) -> int:
-        n = 0
-        for images, _labels in self.loader:
-            consume_batch(images, self.level)
-            n += images.shape[0]
-        return n
 
     def close(self) -> None:
         # Persistent workers stop when the iterator is collected; drop every reference now.

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 
 from tbl_bench.config import SkipConfig
-from tbl_bench.levels import consume_batch
 from tbl_bench.peers.decoded import SampleTransform, decoded_images
+from tbl_bench.peers.epochs import ImageLabelEpochs
 
 __all__ = ["webdataset_serve", "webdataset_write"]
 
@@ -49,7 +49,7 @@ def _to_pair(sample: dict, transform: SampleTransform):
     return transform(sample["npy"]), int(sample["cls"])
 
 
-class _Serve:
+class _Serve(ImageLabelEpochs):
     def __init__(self, path: str, size: int, batch_size: int, aug: str, level: str, workers: int, seed: int,
                  count: int):
         wds = _import_webdataset()
@@ -70,13 +70,6 @@ class _Serve:
         self.loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers,
                                                   persistent_workers=workers > 0)
         self.info = {"webdataset": getattr(wds, "__version__", None), "workers": workers, "shards": len(shards)}
-
-    def run_epoch(self, epoch: int) -> int:
-        n = 0
-        for images, _labels in self.loader:
-            consume_batch(images, self.level)
-            n += images.shape[0]
-        return n
 
     def close(self) -> None:
         self.loader = None
