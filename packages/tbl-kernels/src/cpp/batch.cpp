@@ -1,6 +1,8 @@
 #include "batch.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -395,6 +397,133 @@ void run_crop_resize(const std::vector<CropSource>& src, int64_t C, const Boxes&
     });
 }
 
+// ---------------------------------------------------------------- images of their own sizes
+
+struct SampleImages {
+    bool chw;
+    int64_t B, C;
+    std::vector<CropSource> src;
+};
+
+// The checked images of a per-sample call (one (H_b, W_b, C) uint8 image per output sample).
+SampleImages check_sample_images(const SampleImagesBatch& batch) {
+    const bool chw = parse_layout(batch.layout);
+    const OutArray& out = batch.out;
+    const int64_t B = static_cast<int64_t>(batch.images.size());
+    if (out.ndim == 0 || out.shape[0] != B)
+        throw ValueError("out has shape " + shape_of(out) + " but images has " + std::to_string(B) +
+                         " entries: out's first dimension must equal len(images)");
+    // Channels: the images' (all equal); with no image, whatever out says.
+    int64_t C = out.ndim == 4 ? (chw ? out.shape[1] : out.shape[3]) : 3;
+    std::vector<CropSource> src(B);
+    for (int64_t b = 0; b < B; ++b) {
+        const InArray& a = batch.images[b];
+        const std::string name = "images[" + std::to_string(b) + "]";
+        if (a.ndim != 3)
+            throw ValueError(name + " has shape " + shape_of(a) + "; expected (H, W, C) uint8 with C in {1, 3}");
+        if (!is(a.dtype, DTypeCode::UInt, 8)) throw TypeError(name + " has dtype " + dtype_name(a.dtype) + "; expected uint8");
+        if (b == 0) C = a.shape[2];
+        if (a.shape[2] != C)
+            throw ValueError(name + " has shape " + shape_of(a) + " but images[0] has " + std::to_string(C) +
+                             " channels: every image must have the same channel count");
+        src[b] = CropSource{static_cast<const uint8_t*>(a.data), a.shape[0], a.shape[1]};
+    }
+    if (C != 1 && C != 3) throw ValueError("images have " + std::to_string(C) + " channels; expected 1 or 3");
+    return {chw, B, C, std::move(src)};
+}
+
+void check_images_no_overlap(const SampleImagesBatch& batch, const std::vector<CropSource>& src) {
+    const auto lo = reinterpret_cast<uintptr_t>(batch.out.data), hi = lo + batch.out.nbytes;
+    for (size_t b = 0; b < src.size(); ++b) {
+        const auto p = reinterpret_cast<uintptr_t>(src[b].data);
+        if (lo < p + batch.images[b].nbytes && p < hi)
+            throw ValueError("out overlaps images[" + std::to_string(b) + "] in memory");
+    }
+}
+
+// Every window finite, non-empty and inside its own sample's image (the sums in float64).
+void check_windows(const Windows& windows, const std::vector<CropSource>& src) {
+    const double* wd = windows.data;
+    for (size_t b = 0; b < src.size(); ++b) {
+        const double t = wd[4 * b], l = wd[4 * b + 1], h = wd[4 * b + 2], w = wd[4 * b + 3];
+        std::string desc = "windows[" + std::to_string(b) + "] = (";
+        for (int k = 0; k < 4; ++k) {
+            char num[32];
+            std::snprintf(num, sizeof(num), "%.17g", wd[4 * b + k]);
+            desc += (k ? ", " : "") + std::string(num);
+        }
+        desc += ")";
+        if (!std::isfinite(t) || !std::isfinite(l) || !std::isfinite(h) || !std::isfinite(w))
+            throw ValueError(desc + " is not finite");
+        if (!(h > 0.0) || !(w > 0.0)) throw ValueError(desc + " is empty: height and width must be > 0");
+        if (t < 0.0 || l < 0.0 || t + h > static_cast<double>(src[b].H) || l + w > static_cast<double>(src[b].W))
+            throw IndexError(desc + " (top, left, height, width) is not inside the " + std::to_string(src[b].H) +
+                             "x" + std::to_string(src[b].W) + " source image");
+    }
+}
+
+// `w` with every window start moved by -origin (the taps then index a region that starts at origin).
+void shift_weights(const AxisWeights& w, int64_t origin, AxisWeights& shifted) {
+    shifted.taps = w.taps;
+    shifted.coef = w.coef;
+    shifted.start.resize(w.start.size());
+    for (size_t o = 0; o < w.start.size(); ++o) shifted.start[o] = static_cast<int32_t>(w.start[o] - origin);
+}
+
+// First and one-past-last input position any output of `w` reads.
+std::pair<int64_t, int64_t> weights_span(const AxisWeights& w) {
+    int64_t lo = w.start[0], hi = w.start[0] + w.taps;
+    for (const int32_t s : w.start) lo = std::min<int64_t>(lo, s), hi = std::max<int64_t>(hi, s + w.taps);
+    return {lo, hi};
+}
+
+// The checked batch: resize src[b] so that windows[b] becomes (OH, OW), horizontal
+// pass first then vertical (Pillow's order), write it through luts.
+void run_resize_crop(const std::vector<CropSource>& src, int64_t C, const Windows& windows, const OutArray& out,
+                     const CropOutput& o, const uint8_t* fl, const OutputLuts& luts) {
+    const IsaKernels& K = luts.K;
+    const int64_t n = sample_elems(out), OH = o.OH, OW = o.OW;
+    const int elem = luts.elem;
+    const bool chw = o.chw;
+    const double* wd = windows.data;
+    auto* dst = static_cast<uint8_t*>(out.data);
+    parallel_for(static_cast<int64_t>(src.size()), 1, [&](int64_t b0, int64_t b1) {
+        thread_local ResampleBuffers buf;
+        thread_local AxisWeights wv, wh, wv_local, wh_local;
+        for (int64_t b = b0; b < b1; ++b) {
+            const int64_t H = src[b].H, W = src[b].W;
+            compute_axis_weights(H, wd[4 * b], wd[4 * b + 2], OH, wv);
+            compute_axis_weights(W, wd[4 * b + 1], wd[4 * b + 3], OW, wh);
+            // The region of the image the taps read: rows [r0, r1), columns [c0, c1).
+            const auto [r0, r1] = weights_span(wv);
+            const auto [c0, c1] = weights_span(wh);
+            const int64_t rows = r1 - r0, cols = c1 - c0;
+            shift_weights(wv, r0, wv_local);
+            shift_weights(wh, c0, wh_local);
+            // Padding: transpose_pixels reads past the end of its source.
+            buf.image.resize(rows * cols * C + kTransposePad);  // the region, packed
+            buf.transposed.resize(cols * rows * C);
+            buf.vpass.resize(OW * rows * C + kTransposePad);   // horizontal pass, transposed
+            buf.result.resize(rows * OW * C);                   // horizontal pass
+            buf.acc.resize(std::max(rows, OW) * C);
+            for (int64_t y = 0; y < rows; ++y)
+                std::memcpy(buf.image.data() + y * cols * C, src[b].data + ((r0 + y) * W + c0) * C,
+                            static_cast<size_t>(cols * C));
+            // Horizontal pass as a row operation on the transposed region; transpose
+            // back; the vertical pass gives the output rows.
+            K.transpose_pixels(buf.image.data(), rows, cols, C, buf.transposed.data());
+            K.resample_rows(buf.transposed.data(), rows * C, wh_local, rows * C, buf.vpass.data(), buf.acc.data());
+            K.transpose_pixels(buf.vpass.data(), OW, rows, C, buf.result.data());
+            thread_local std::vector<uint8_t> resized;
+            resized.resize(OH * OW * C);
+            K.resample_rows(buf.result.data(), OW * C, wv_local, OW * C, resized.data(), buf.acc.data());
+            WriteSpec s;
+            s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = fl && fl[b];
+            luts.write(resized.data(), s, dst + b * n * elem);
+        }
+    });
+}
+
 // ---------------------------------------------------------------- rows
 
 // out_l[b] = row indices[b] of column l, for every column at once. Each column is
@@ -515,40 +644,31 @@ void gather_crop_resize(const ImageBatch& batch, const Boxes& boxes) {
 }
 
 void crop_resize_images(const SampleImagesBatch& batch, const Boxes& boxes) {
-    const bool chw = parse_layout(batch.layout);
-    const OutArray& out = batch.out;
-    const int64_t B = static_cast<int64_t>(batch.images.size());
-    if (out.ndim == 0 || out.shape[0] != B)
-        throw ValueError("out has shape " + shape_of(out) + " but images has " + std::to_string(B) +
-                         " entries: out's first dimension must equal len(images)");
-    // Channels: the images' (all equal); with no image, whatever out says.
-    int64_t C = out.ndim == 4 ? (chw ? out.shape[1] : out.shape[3]) : 3;
-    std::vector<CropSource> src(B);
-    for (int64_t b = 0; b < B; ++b) {
-        const InArray& a = batch.images[b];
-        const std::string name = "images[" + std::to_string(b) + "]";
-        if (a.ndim != 3)
-            throw ValueError(name + " has shape " + shape_of(a) + "; expected (H, W, C) uint8 with C in {1, 3}");
-        if (!is(a.dtype, DTypeCode::UInt, 8)) throw TypeError(name + " has dtype " + dtype_name(a.dtype) + "; expected uint8");
-        if (b == 0) C = a.shape[2];
-        if (a.shape[2] != C)
-            throw ValueError(name + " has shape " + shape_of(a) + " but images[0] has " + std::to_string(C) +
-                             " channels: every image must have the same channel count");
-        src[b] = CropSource{static_cast<const uint8_t*>(a.data), a.shape[0], a.shape[1]};
+    const SampleImages in = check_sample_images(batch);
+    const CropOutput o = check_crop_output(batch.out, in.chw, in.C, boxes, in.B);
+    const int elem = check_image_dtype(batch.table, batch.out, in.C);
+    const uint8_t* fl = check_flip(batch.flip, in.B);
+    check_boxes(boxes, in.src);
+    check_images_no_overlap(batch, in.src);
+    const OutputLuts luts(active_kernels(), batch.table, elem, in.C, batch.affine_hint);
+    run_crop_resize(in.src, in.C, boxes, batch.out, o, fl, luts);
+}
+
+void resize_crop_images(const SampleImagesBatch& batch, const Windows& windows) {
+    const SampleImages in = check_sample_images(batch);
+    if (windows.rows != in.B || windows.cols != 4) {
+        const int64_t shape[2] = {windows.rows, windows.cols};
+        throw ValueError("windows has shape " + shape_str(shape, 2) + "; expected (" + std::to_string(in.B) +
+                         ", 4) as (top, left, height, width)");
     }
-    if (C != 1 && C != 3) throw ValueError("images have " + std::to_string(C) + " channels; expected 1 or 3");
-    const CropOutput o = check_crop_output(out, chw, C, boxes, B);
-    const int elem = check_image_dtype(batch.table, out, C);
-    const uint8_t* fl = check_flip(batch.flip, B);
-    check_boxes(boxes, src);
-    const auto lo = reinterpret_cast<uintptr_t>(out.data), hi = lo + out.nbytes;
-    for (int64_t b = 0; b < B; ++b) {
-        const auto p = reinterpret_cast<uintptr_t>(src[b].data);
-        if (lo < p + batch.images[b].nbytes && p < hi)
-            throw ValueError("out overlaps images[" + std::to_string(b) + "] in memory");
-    }
-    const OutputLuts luts(active_kernels(), batch.table, elem, C, batch.affine_hint);
-    run_crop_resize(src, C, boxes, out, o, fl, luts);
+    const Boxes no_boxes{nullptr, in.B, 4};  // the output checks only; windows were checked above
+    const CropOutput o = check_crop_output(batch.out, in.chw, in.C, no_boxes, in.B);
+    const int elem = check_image_dtype(batch.table, batch.out, in.C);
+    const uint8_t* fl = check_flip(batch.flip, in.B);
+    check_windows(windows, in.src);
+    check_images_no_overlap(batch, in.src);
+    const OutputLuts luts(active_kernels(), batch.table, elem, in.C, batch.affine_hint);
+    run_resize_crop(in.src, in.C, windows, batch.out, o, fl, luts);
 }
 
 void gather_columns(const std::vector<std::vector<InArray>>& columns, const Indices& indices,

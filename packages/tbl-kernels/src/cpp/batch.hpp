@@ -51,6 +51,14 @@ struct Boxes {
     int64_t cols = 0;
 };
 
+// float64 (rows, cols) windows; each row is (top, left, height, width) in source
+// pixels, fractional allowed, when cols == 4.
+struct Windows {
+    const double* data = nullptr;
+    int64_t rows = 0;
+    int64_t cols = 0;
+};
+
 // One image call: out[b] = sources-concatenation[indices[b]], optionally flipped,
 // in `layout` ("CHW" or "HWC"), mapped through `table` or copied as uint8.
 struct ImageBatch {
@@ -87,6 +95,11 @@ void gather_crop_resize(const ImageBatch& batch, const Boxes& boxes);
 // Crop boxes[b] out of images[b] (inside its own height and width) and resize it
 // to out's height and width, by the same rule as gather_crop_resize.
 void crop_resize_images(const SampleImagesBatch& batch, const Boxes& boxes);
+
+// Resize images[b] so that windows[b] maps onto out's height and width, taps
+// clamped to the whole image (the rule is in README.md, "Resize-crop rule"):
+// resizing the whole image and then cropping, computed for the crop only.
+void resize_crop_images(const SampleImagesBatch& batch, const Windows& windows);
 
 // outs[l][b] = row indices[b] of the concatenated segments columns[l] (uint8
 // (N_k, rowbytes_l)); every column is split into segments of the same row counts.

@@ -32,6 +32,7 @@ constexpr int kAbi = 3;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any bi
 using SrcNd = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 using IndexNd = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using BoxNd = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using WindowNd = nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using FlipNd = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using TableNd = nb::ndarray<nb::ro, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using OutNd = nb::ndarray<nb::c_contig, nb::device::cpu>;
@@ -125,6 +126,21 @@ void crop_resize_images_nd(const std::vector<SrcNd>& images, const BoxNd& boxes,
     crop_resize_images(batch, bx);
 }
 
+void resize_crop_images_nd(const std::vector<SrcNd>& images, const WindowNd& windows, OutNd out,
+                           const std::optional<TableNd>& table, const std::optional<FlipNd>& flip,
+                           const std::string& layout, const Hint& hint) {
+    const std::optional<InArray> tab = optional_ref(table), fl = optional_ref(flip);
+    SampleImagesBatch batch;
+    fill_in_arrays(images, batch.images);
+    batch.out = array_ref<void>(out);
+    batch.table = ptr(tab);
+    batch.flip = ptr(fl);
+    batch.layout = layout;
+    batch.affine_hint = hint ? &*hint : nullptr;
+    const Windows wd{windows.data(), static_cast<int64_t>(windows.shape(0)), static_cast<int64_t>(windows.shape(1))};
+    resize_crop_images(batch, wd);
+}
+
 // The row gathers are called per batch of small rows, where a few allocations per
 // call are measurable: their array descriptions live in per-thread buffers that
 // keep their capacity from call to call.
@@ -185,6 +201,9 @@ NB_MODULE(_core, m) {
           arg("boxes").noconvert(), arg("out").noconvert(), arg("table").noconvert().none(),
           arg("flip").noconvert().none(), arg("layout"), arg("affine_hint").none() = nb::none(), Release());
     m.def("crop_resize_images", &crop_resize_images_nd, arg("images").noconvert(), arg("boxes").noconvert(),
+          arg("out").noconvert(), arg("table").noconvert().none(), arg("flip").noconvert().none(), arg("layout"),
+          arg("affine_hint").none() = nb::none(), Release());
+    m.def("resize_crop_images", &resize_crop_images_nd, arg("images").noconvert(), arg("windows").noconvert(),
           arg("out").noconvert(), arg("table").noconvert().none(), arg("flip").noconvert().none(), arg("layout"),
           arg("affine_hint").none() = nb::none(), Release());
     m.def("gather_rows", &gather_rows_nd, arg("sources").noconvert(), arg("indices").noconvert(),

@@ -17,7 +17,12 @@ double triangle(double x) {
 // Every double operation below is mirrored one for one by the numpy reference;
 // the build uses -ffp-contract=off so no multiply-add is fused.
 void compute_axis_weights(int64_t in_size, int64_t out_size, AxisWeights& w) {
-    const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
+    // 0.0 + x == x for every x the rule meets, so this is the window rule with the whole input.
+    compute_axis_weights(in_size, 0.0, static_cast<double>(in_size), out_size, w);
+}
+
+void compute_axis_weights(int64_t in_size, double box0, double box_size, int64_t out_size, AxisWeights& w) {
+    const double scale = box_size / static_cast<double>(out_size);
     const double filterscale = scale < 1.0 ? 1.0 : scale;
     const double support = 1.0 * filterscale;
     const double ss = 1.0 / filterscale;
@@ -28,7 +33,7 @@ void compute_axis_weights(int64_t in_size, int64_t out_size, AxisWeights& w) {
     std::vector<double> k(max_window);
     int64_t taps = 1;
     for (int64_t o = 0; o < out_size; ++o) {
-        const double center = (static_cast<double>(o) + 0.5) * scale;
+        const double center = box0 + (static_cast<double>(o) + 0.5) * scale;
         int64_t xmin = static_cast<int64_t>(std::floor(center - support + 0.5));
         if (xmin < 0) xmin = 0;
         int64_t xmax = static_cast<int64_t>(std::floor(center + support + 0.5));

@@ -33,6 +33,7 @@ __all__ = [
     "get_num_threads",
     "normalization_table",
     "reference",
+    "resize_crop_images",
     "set_num_threads",
     "set_simd",
     "simd_level",
@@ -119,6 +120,14 @@ def _check_boxes(boxes: Any) -> None:
     _check_array("boxes", boxes)
     if isinstance(boxes, np.ndarray) and (boxes.dtype != np.int32 or boxes.ndim != 2):
         raise TypeError(f"boxes must be a 2-D int32 array (B, 4), got dtype {boxes.dtype} and shape {boxes.shape}")
+
+
+def _check_windows(windows: Any) -> None:
+    _check_array("windows", windows)
+    if isinstance(windows, np.ndarray) and (windows.dtype != np.float64 or windows.ndim != 2):
+        raise TypeError(
+            f"windows must be a 2-D float64 array (B, 4), got dtype {windows.dtype} and shape {windows.shape}"
+        )
 
 
 def _call(kernel: Any, args: tuple[Any, ...], explain: Any) -> None:
@@ -263,6 +272,40 @@ def crop_resize_images(
     channels = int(images[0].shape[-1]) if images and len(images[0].shape) == 3 else None
     layout = _layout(layout, out, channels)
     _call(_core.crop_resize_images, (images, boxes, out, table, flip, layout, _affine_hint(table)), explain)
+
+
+def resize_crop_images(
+    images: Sequence[Any],
+    windows: Any,
+    out: Any,
+    table: Any = None,
+    flip: Any = None,
+    layout: str | None = None,
+) -> None:
+    """Resize ``images[b]`` so that the window ``windows[b]`` maps onto out's (OH, OW), then flip and normalize.
+
+    ``windows``: float64 ``(B, 4)`` rows of ``(top, left, height, width)`` in
+    source pixels, fractional allowed, finite, non-empty and inside the image
+    (``top + height <= H_b`` in float64). Output pixel ``o`` of an axis samples
+    around ``top + (o + 0.5) * height / OH`` with support ``max(height / OH, 1)``,
+    the taps clamped to the whole image, not the window: Pillow's
+    ``resize(..., box=)`` rule, so resizing an image to ``(H', W')`` and cropping
+    ``(t, l, OH, OW)`` is the window ``(t * H / H', l * W / W', OH * H / H', OW * W / W')``.
+    Same fixed-point weights as ``crop_resize_images``, but the horizontal pass
+    comes first (Pillow's order); the exact rule is in the package README,
+    "Resize-crop rule". ``images``, ``out``, ``table``, ``flip`` and ``layout``
+    as in ``crop_resize_images``. New in 0.2.0 (``KERNELS_ABI`` 3).
+    """
+    _check_list("images", images, "uint8 arrays")
+
+    def explain() -> None:
+        _check_sources(images, "images")
+        _check_windows(windows)
+        _check_out(out)
+
+    channels = int(images[0].shape[-1]) if images and len(images[0].shape) == 3 else None
+    layout = _layout(layout, out, channels)
+    _call(_core.resize_crop_images, (images, windows, out, table, flip, layout, _affine_hint(table)), explain)
 
 
 def gather_rows(sources: Sequence[Any], indices: Any, out: Any) -> None:

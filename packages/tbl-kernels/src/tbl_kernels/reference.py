@@ -25,6 +25,8 @@ __all__ = [
     "normalization_table",
     "resample_matrix",
     "resample_weights",
+    "resize_crop_images",
+    "resize_crop_u8",
 ]
 
 PRECISION_BITS = 14  # fixed-point bits of the resampling coefficients
@@ -99,22 +101,32 @@ def gather_columns(columns, indices, outs) -> list[np.ndarray]:
     return list(outs)
 
 
-def resample_weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+def resample_weights(
+    in_size: int, out_size: int, box0: float = 0.0, box_size: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-output first input position and integer coefficients for one axis.
 
     Returns ``(xmin, coef)``: ``xmin`` int64 ``(out_size,)`` and ``coef`` int64
     ``(out_size, window)``; output ``o`` is ``sum_k coef[o, k] * in[xmin[o] + k]``
     (entries past the clamped support are 0). The float64 operations are exactly
-    those of the compiled kernel (see README, "Crop-resize rule").
+    those of the compiled kernel (see README, "Crop-resize rule" and
+    "Resize-crop rule"). ``box0`` / ``box_size``: the window of the input that
+    maps onto the output (default the whole input); the taps are clamped to the
+    whole input ``[0, in_size)`` either way.
     """
     if in_size < 1 or out_size < 1:
         raise ValueError(f"sizes must be >= 1, got in_size={in_size} out_size={out_size}")
-    scale = float(in_size) / float(out_size)
+    box0 = float(box0)
+    box_size = float(in_size) if box_size is None else float(box_size)
+    if not (np.isfinite(box0) and np.isfinite(box_size) and box_size > 0.0 and box0 >= 0.0
+            and box0 + box_size <= float(in_size)):
+        raise ValueError(f"window ({box0!r}, {box_size!r}) is not a non-empty part of [0, {in_size})")
+    scale = box_size / float(out_size)
     filterscale = max(scale, 1.0)
     support = 1.0 * filterscale
     ss = 1.0 / filterscale
     window = int(np.ceil(support)) * 2 + 1
-    center = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    center = box0 + (np.arange(out_size, dtype=np.float64) + 0.5) * scale
     xmin = np.maximum(np.floor(center - support + 0.5), 0).astype(np.int64)
     xmax = np.minimum(np.floor(center + support + 0.5), in_size).astype(np.int64)
     count = xmax - xmin
@@ -132,9 +144,9 @@ def resample_weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarra
     return xmin, coef
 
 
-def resample_matrix(in_size: int, out_size: int) -> np.ndarray:
-    """Dense ``(out_size, in_size)`` int64 matrix of the fixed-point coefficients."""
-    xmin, coef = resample_weights(in_size, out_size)
+def resample_matrix(in_size: int, out_size: int, box0: float = 0.0, box_size: float | None = None) -> np.ndarray:
+    """Dense ``(out_size, in_size)`` int64 matrix of the fixed-point coefficients (window as in resample_weights)."""
+    xmin, coef = resample_weights(in_size, out_size, box0, box_size)
     m = np.zeros((out_size, in_size + coef.shape[1]), dtype=np.int64)
     rows = np.arange(out_size)[:, None]
     m[rows, xmin[:, None] + np.arange(coef.shape[1])[None, :]] = coef
@@ -185,4 +197,32 @@ def crop_resize_images(images, boxes, out, table=None, flip=None, layout=None) -
     resized = np.empty((len(images), oh, ow, channels), dtype=np.uint8)
     for b, image in enumerate(images):
         resized[b] = crop_resize_u8(image, boxes[b], oh, ow)
+    return _finish(resized, out, table, flip, layout)
+
+
+def resize_crop_u8(image: np.ndarray, window, out_h: int, out_w: int) -> np.ndarray:
+    """Resize an HWC uint8 image so that ``window`` = (top, left, height, width) becomes (out_h, out_w).
+
+    The window may be fractional; the taps are clamped to the whole image, so this
+    is resizing the whole image and cropping, computed for the crop only.
+    Horizontal pass, uint8 rounding, vertical pass, uint8 rounding (Pillow's
+    order). Exact float64 matrix products, as in ``crop_resize_u8``.
+    """
+    top, left, h, w = (float(v) for v in window)
+    img = image.astype(np.float64)  # (H, W, C)
+    mh = resample_matrix(image.shape[1], out_w, left, w).astype(np.float64)
+    mv = resample_matrix(image.shape[0], out_h, top, h).astype(np.float64)
+    hpass = _round_shift(np.einsum("px,yxc->ypc", mh, img).astype(np.int64))
+    return _round_shift(np.einsum("oy,ypc->opc", mv, hpass.astype(np.float64)).astype(np.int64))
+
+
+def resize_crop_images(images, windows, out, table=None, flip=None, layout=None) -> np.ndarray:
+    """Resize each ``images[b]`` so that ``windows[b]`` (float64) maps onto out's size, flip, map through ``table``."""
+    channels = images[0].shape[-1] if len(images) else (out.shape[1] if layout != "HWC" else out.shape[3])
+    layout = _layout_of(out, channels, layout)
+    oh, ow = (out.shape[2], out.shape[3]) if layout == "CHW" else (out.shape[1], out.shape[2])
+    windows = np.asarray(windows, dtype=np.float64)
+    resized = np.empty((len(images), oh, ow, channels), dtype=np.uint8)
+    for b, image in enumerate(images):
+        resized[b] = resize_crop_u8(image, windows[b], oh, ow)
     return _finish(resized, out, table, flip, layout)
