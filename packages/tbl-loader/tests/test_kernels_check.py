@@ -112,22 +112,35 @@ def test_abi_mismatch_names_both_abis_and_the_fix(version, ours, other):
     )
 
 
+def _with_per_sample(module, names=("crop_resize_images", "resize_crop_images")):
+    for name in names:
+        setattr(module, name, lambda *args: None)
+    return module
+
+
 def test_per_sample_kernels_name_the_upgrade_on_old_kernels():
-    assert _kernels.per_sample_kernels(_fake("0.2.0", 3)).__version__ == "0.2.0"
+    assert _kernels.per_sample_kernels(_with_per_sample(_fake("0.2.0", 3))).__version__ == "0.2.0"
     with pytest.raises(_kernels.KernelsFeatureError) as info:
         _kernels.per_sample_kernels(_fake("0.1.0", 2))
     assert str(info.value) == (
-        "variable-size images need tbl-kernels 0.2 or newer (crop_resize_images) but tbl-kernels 0.1.0 is "
-        'installed; fix it with: pip install "tbl-kernels>=0.2.0,<0.3" (from a TBL checkout: '
+        "variable-size images need tbl-kernels 0.2 or newer (crop_resize_images, resize_crop_images) but "
+        'tbl-kernels 0.1.0 is installed; fix it with: pip install "tbl-kernels>=0.2.0,<0.3" (from a TBL checkout: '
         "pip install ./packages/tbl-kernels)"
     )
     assert isinstance(info.value, ImportError)
 
 
+def test_per_sample_kernels_need_resize_crop_images_too():
+    """An ABI 3 build from before resize_crop_images was added (0.2.0 unreleased) is refused by name."""
+    early = _with_per_sample(_fake("0.2.0", 3), ("crop_resize_images",))
+    with pytest.raises(_kernels.KernelsFeatureError, match=r"\(resize_crop_images\) but tbl-kernels 0.2.0"):
+        _kernels.per_sample_kernels(early)
+
+
 def test_the_installed_kernels_have_what_their_abi_promises():
     """Run in both legs of the kernels matrix: 0.1 (ABI 2) lacks crop_resize_images, 0.2 (ABI 3) has it."""
     has = hasattr(tbl_kernels, "crop_resize_images")
-    assert has == (tbl_kernels.KERNELS_ABI >= 3)
+    assert has == (tbl_kernels.KERNELS_ABI >= 3) == hasattr(tbl_kernels, "resize_crop_images")
     if has:
         assert _kernels.per_sample_kernels() is tbl_kernels
     else:

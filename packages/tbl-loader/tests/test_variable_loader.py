@@ -17,7 +17,7 @@ import tbl_format
 import tbl_kernels
 from tbl_kernels import reference as kref
 from tbl_loader import ImageLoader, RandomResizedCrop, StateMismatchError, order
-from tbl_loader.image_spec import resized_center_crop_boxes
+from tbl_loader.image_spec import fit_windows, resized_center_crop_boxes, resized_center_crop_windows
 from tbl_loader.variable_source import ImageGeometryError
 
 N = 45
@@ -65,7 +65,8 @@ def raw_path(tmp_path_factory, var_images) -> Path:
 
 def expected(images, ids, *, epoch, hflip=0.0, dtype="float32", layout="CHW", crop=CROP, resize=None, center=None,
              decode=None):
-    """The reference batch for ``ids``: boxes from the sizes only, reference crop-resize, flip, table."""
+    """The reference batch for ``ids``: boxes from the sizes only, reference crop-resize (or, for the evaluation
+    transform, windows and the reference resize-crop), flip, table."""
     ids = np.asarray(ids, np.int64)
     hs = np.array([images[i].shape[0] for i in ids], np.int64)
     ws = np.array([images[i].shape[1] for i in ids], np.int64)
@@ -74,7 +75,7 @@ def expected(images, ids, *, epoch, hflip=0.0, dtype="float32", layout="CHW", cr
         boxes = order.random_resized_crop_boxes(SEED, epoch, ids, hs, ws, crop.scale, crop.ratio)
     else:
         oh, ow = center
-        boxes = resized_center_crop_boxes(hs, ws, resize, oh, ow)
+        boxes = resized_center_crop_windows(hs, ws, resize, oh, ow)
     sources = [images[i] for i in ids]
     if decode is not None:
         sources, boxes = decode(ids, boxes, (oh, ow))
@@ -82,7 +83,7 @@ def expected(images, ids, *, epoch, hflip=0.0, dtype="float32", layout="CHW", cr
     table = None if dtype == "uint8" else kref.normalization_table((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), dtype)
     shape = (len(ids), 3, oh, ow) if layout == "CHW" else (len(ids), oh, ow, 3)
     out = np.empty(shape, STORAGE[dtype])
-    kref.crop_resize_images(sources, boxes, out, table, flip, layout)
+    (kref.crop_resize_images if crop is not None else kref.resize_crop_images)(sources, boxes, out, table, flip, layout)
     return out
 
 
@@ -109,6 +110,70 @@ def test_evaluation_transform_is_exact(raw_path, var_images):
         got, _, ids = collect(ld)
     assert np.array_equal(ids, np.arange(N))
     assert np.array_equal(got, expected(var_images, ids, epoch=0, crop=None, resize=12, center=(10, 10)))
+
+
+@pytest.mark.parametrize(("dtype", "layout", "hflip"), [("uint8", "HWC", 0.0), ("bfloat16", "CHW", 0.5)])
+def test_evaluation_transform_every_output(raw_path, var_images, dtype, layout, hflip):
+    with loader(raw_path, 7, random_resized_crop=None, center_crop=(10, 8), resize=11, shuffle=False, dtype=dtype,
+                layout=layout, hflip=hflip) as ld:
+        got, _, ids = collect(ld)
+    want = expected(var_images, ids, epoch=0, crop=None, resize=11, center=(10, 8), dtype=dtype, layout=layout,
+                    hflip=hflip)
+    assert np.array_equal(got, want)
+
+
+def test_evaluation_transform_is_resize_then_crop(raw_path, var_images):
+    """The loader's output is the reference resize of the whole image to torchvision's size, then the centre crop."""
+    with loader(raw_path, 10, random_resized_crop=None, center_crop=10, resize=12, shuffle=False,
+                dtype="uint8", layout="HWC") as ld:
+        got, _, ids = collect(ld)
+    differing = 0
+    for k, i in enumerate(ids):
+        h, w = var_images[i].shape[:2]
+        short, long = min(h, w), max(h, w)
+        nh, nw = (int(12 * long / short), 12) if w <= h else (12, int(12 * long / short))
+        full = kref.resize_crop_u8(var_images[i], (0.0, 0.0, h, w), nh, nw)
+        top, left = int(round((nh - 10) / 2.0)), int(round((nw - 10) / 2.0))
+        diff = np.abs(got[k].astype(np.int64) - full[top : top + 10, left : left + 10])
+        assert diff.max() <= 1  # the window's float64 centres may differ from the whole image's in the last bit
+        differing += int(diff.any())
+    assert differing <= 1
+
+
+def test_resized_center_crop_windows_rule():
+    # 100x150 -> shorter side 50: 50x75, crop 40x40 at (5, round(17.5) = 18); windows in source pixels
+    assert resized_center_crop_windows([100], [150], 50, 40, 40).tolist() == [[10.0, 36.0, 80.0, 80.0]]
+    # 33x40 -> 20x24 (int(20 * 40 / 33) = 24), crop 7x20 at (round(6.5) = 6, 2)
+    want = [[6 * 33 / 20, 2 * 40 / 24, 7 * 33 / 20, 20 * 40 / 24]]
+    assert resized_center_crop_windows([33], [40], 20, 7, 20).tolist() == want
+    # a window never ends past its side in float64, whatever the rounding
+    rng = np.random.default_rng(0)
+    hs, ws = rng.integers(1, 3000, 20000), rng.integers(1, 3000, 20000)
+    win = resized_center_crop_windows(hs, ws, 256, 224, 200)
+    assert (win[:, 0] >= 0).all() and (win[:, 0] + win[:, 2] <= hs).all()
+    assert (win[:, 1] >= 0).all() and (win[:, 1] + win[:, 3] <= ws).all()
+
+
+def test_evaluation_rule_is_in_the_fingerprint_and_random_crop_states_still_resume(raw_path, monkeypatch):
+    """A state saved by the previous rule (settings without the evaluation rule) no longer resumes the
+    evaluation transform, and still resumes random-crop streams, whose settings did not change."""
+    from tbl_loader import variable_source
+
+    def saved_by_previous_rule(**kw):
+        with monkeypatch.context() as m:
+            m.setattr(variable_source, "stream_settings", lambda columns, spec=None: {"variable": columns.store})
+            with loader(raw_path, 8, **kw) as ld:
+                next(iter(ld))
+                return ld.state_dict()
+
+    evaluation = {"random_resized_crop": None, "center_crop": 10, "resize": 12}
+    old = saved_by_previous_rule(**evaluation)
+    with loader(raw_path, 8, **evaluation) as ld, pytest.raises(StateMismatchError, match="settings"):
+        ld.load_state_dict(old)
+    old = saved_by_previous_rule(hflip=0.5)
+    with loader(raw_path, 8, hflip=0.5) as ld:
+        ld.load_state_dict(old)
+        assert ld.state_dict() == old
 
 
 def test_resized_center_crop_boxes_rule():
@@ -146,6 +211,30 @@ def test_same_stream_every_way(raw_path, tmp_path, var_images):
         with loader(path, batch, hflip=0.5, prefetch=prefetch, num_threads=threads) as ld:
             ld.set_epoch(1)
             runs.append(collect(ld))
+    for other in runs[1:]:
+        for field in range(3):
+            assert np.array_equal(runs[0][field], other[field])
+
+
+def test_evaluation_stream_is_the_same_every_way(raw_path, tmp_path, var_images):
+    """The evaluation transform: prefetch on/off, 1 and 2 threads, batch 7 and 64, resumed and straight."""
+    single = write_raw(tmp_path / "single.tbl", var_images)
+    ev = {"random_resized_crop": None, "center_crop": (10, 9), "resize": 13, "hflip": 0.5}
+    runs = []
+    for path, batch, prefetch, threads in [(raw_path, 7, 0, 1), (raw_path, 64, 2, 2), (single, 7, 3, 2),
+                                           (single, 64, 0, 1)]:
+        with loader(path, batch, prefetch=prefetch, num_threads=threads, **ev) as ld:
+            ld.set_epoch(1)
+            runs.append(collect(ld))
+    first = loader(raw_path, 7, **ev)
+    first.set_epoch(1)
+    head = collect(first, limit=2)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    with loader(raw_path, 64, prefetch=0, **ev) as resumed:
+        resumed.load_state_dict(state)
+        tail = collect(resumed)
+    runs.append(tuple(np.concatenate([a, b]) for a, b in zip(head, tail, strict=True)))
     for other in runs[1:]:
         for field in range(3):
             assert np.array_equal(runs[0][field], other[field])
@@ -251,6 +340,10 @@ def decoder(blobs):
             full.append((h, w))
             decoded.append(img.shape[:2])
             sources.append(img)
+        if boxes.dtype == np.float64:  # evaluation windows scale with the image, kept inside it
+            full_hw, dec_hw = np.array(full, np.float64), np.array(decoded)
+            windows = boxes * np.concatenate([dec_hw / full_hw] * 2, axis=1)
+            return sources, fit_windows(windows, dec_hw)
         return sources, scale_boxes(boxes, np.array(full), np.array(decoded))
 
     return decode
@@ -263,6 +356,20 @@ def test_jpeg_storage_is_exact(jpeg_data, var_images):
         got, labels, ids = collect(ld)
     assert np.array_equal(got, expected(var_images, ids, epoch=4, hflip=0.5, decode=decoder(blobs)))
     assert np.array_equal(labels, ids * 7)
+
+
+def test_jpeg_evaluation_transform_is_exact(jpeg_data, var_images):
+    """The evaluation windows on JPEG storage, DCT downscaling included, as the reference computes them."""
+    from tbl_loader.jpeg_decode import dct_scale
+
+    path, blobs = jpeg_data
+    with loader(path, 9, random_resized_crop=None, center_crop=10, resize=12, shuffle=False, hflip=0.5) as ld:
+        got, _, ids = collect(ld)
+    windows = resized_center_crop_windows([im.shape[0] for im in var_images], [im.shape[1] for im in var_images],
+                                          12, 10, 10)
+    assert set(dct_scale(windows[:, 2], windows[:, 3], 10, 10).tolist()) >= {1, 2}  # both paths are exercised
+    want = expected(var_images, ids, epoch=0, crop=None, resize=12, center=(10, 10), hflip=0.5, decode=decoder(blobs))
+    assert np.array_equal(got, want)
 
 
 def test_dct_downscaling_is_used_when_the_box_allows(jpeg_data, var_images):

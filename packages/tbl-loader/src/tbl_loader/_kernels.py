@@ -35,7 +35,11 @@ KERNELS_ABIS = {(0, 1): 2, (0, 2): 3}
 ``crop_resize_images`` (ABI 3). Every series the pin admits must be listed (a test checks it)."""
 
 PER_SAMPLE_ABI = 3
-"""The first ABI with ``crop_resize_images`` (one image of its own size per sample)."""
+"""The first ABI with ``crop_resize_images`` and ``resize_crop_images`` (one image of its own size per sample)."""
+
+PER_SAMPLE_FUNCTIONS = ("crop_resize_images", "resize_crop_images")
+"""What variable-size images call. Both belong to ABI 3; builds of 0.2.0 made before ``resize_crop_images``
+was added (never released) lack it, so the check asks for the functions as well as the ABI."""
 
 CHECKOUT_COMMAND = "pip install ./packages/tbl-kernels"
 """The same fix from a TBL source checkout, where the kernels are built from the tree."""
@@ -132,16 +136,19 @@ class KernelsFeatureError(ImportError):
 
 
 def per_sample_kernels(module: ModuleType | None = None) -> ModuleType:
-    """The kernels, if they have ``crop_resize_images`` (tbl-kernels 0.2, ABI 3); else KernelsFeatureError.
+    """The kernels, if they have ``crop_resize_images`` and ``resize_crop_images`` (tbl-kernels 0.2, ABI 3);
+    else KernelsFeatureError.
 
-    Variable-size image datasets need it: one image of its own size per sample.
+    Variable-size image datasets need them: one image of its own size per sample.
     """
     module = kernels if module is None else module
-    if getattr(module, "KERNELS_ABI", 0) >= PER_SAMPLE_ABI:
+    missing = [name for name in PER_SAMPLE_FUNCTIONS if not callable(getattr(module, name, None))]
+    if getattr(module, "KERNELS_ABI", 0) >= PER_SAMPLE_ABI and not missing:
         return module
     need = KernelsPin(minimum=(0, 2, 0), below=KERNELS_PIN.below)
+    lacking = ", ".join(missing) if missing else ", ".join(PER_SAMPLE_FUNCTIONS)
     raise KernelsFeatureError(
-        f"variable-size images need tbl-kernels 0.2 or newer (crop_resize_images) but tbl-kernels "
+        f"variable-size images need tbl-kernels 0.2 or newer ({lacking}) but tbl-kernels "
         f"{getattr(module, '__version__', None)} is installed; fix it with: {need.fix}"
     )
 

@@ -285,7 +285,7 @@ class ImageLoader(HostLoader):
                 if fields or spec.extra_crops:
                     raise ValueError("fields= and several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
-                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns)}
+                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec)}
             else:
                 columns = spec.bind(dataset, any_label=True)
                 settings = spec.stream_settings()

@@ -29,6 +29,7 @@ __all__ = [
     "ImageSpec",
     "RandomResizedCrop",
     "resized_center_crop_boxes",
+    "resized_center_crop_windows",
     "view_seed",
 ]
 
@@ -70,6 +71,43 @@ def resized_center_crop_boxes(height, width, resize: int, crop_h: int, crop_w: i
     top = np.rint((h - bh) / 2.0).astype(np.int64)  # torchvision's CenterCrop offset (round half to even)
     left = np.rint((w - bw) / 2.0).astype(np.int64)
     return np.stack([top, left, bh, bw], axis=1).astype(np.int32)
+
+
+def resized_center_crop_windows(height, width, resize: int, crop_h: int, crop_w: int) -> np.ndarray:
+    """float64 ``(n, 4)`` windows of torchvision's ``Resize(resize)`` + ``CenterCrop((crop_h, crop_w))``, exactly.
+
+    torchvision's geometry per image: the shorter side becomes ``resize``, the
+    longer ``int(resize * long / short)``; the crop starts at
+    ``round((resized - crop) / 2)`` (half to even). The window is that crop in
+    source pixels, ``(top * H / H', left * W / W', crop_h * H / H', crop_w * W / W')``,
+    for ``tbl_kernels.resize_crop_images``, whose rule (taps on the whole image)
+    makes it the whole-image resize followed by the crop. Where float64 rounding
+    puts ``top + height`` an ulp past the side, ``top`` moves down by ulps until it fits.
+    """
+    h = np.asarray(height, dtype=np.int64).reshape(-1)
+    w = np.asarray(width, dtype=np.int64).reshape(-1)
+    if h.size and (h.min() < 1 or w.min() < 1):
+        raise ValueError("image sizes must be positive")
+    short, long = np.minimum(h, w), np.maximum(h, w)
+    new_long = np.floor((resize * long) / short).astype(np.int64)  # int(resize * long / short), all positive
+    new_h = np.where(w <= h, new_long, resize)
+    new_w = np.where(w <= h, resize, new_long)
+    top = np.rint((new_h - crop_h) / 2.0)  # torchvision's CenterCrop offset (round half to even)
+    left = np.rint((new_w - crop_w) / 2.0)
+    windows = np.stack([(top * h) / new_h, (left * w) / new_w, (crop_h * h) / new_h, (crop_w * w) / new_w], axis=1)
+    return fit_windows(windows, np.stack([h, w], axis=1))
+
+
+def fit_windows(windows: np.ndarray, full_hw: np.ndarray) -> np.ndarray:
+    """``windows`` with each start lowered by ulps where ``start + size`` exceeds the side in float64."""
+    windows = np.array(windows, dtype=np.float64)
+    sides = np.asarray(full_hw, dtype=np.float64)
+    for axis in (0, 1):
+        over = windows[:, axis] + windows[:, axis + 2] > sides[:, axis]
+        while over.any():
+            windows[over, axis] = np.maximum(np.nextafter(windows[over, axis], 0.0), 0.0)
+            over = windows[:, axis] + windows[:, axis + 2] > sides[:, axis]
+    return windows
 
 
 def _size_pair(name: str, size: Any) -> tuple[int, int]:

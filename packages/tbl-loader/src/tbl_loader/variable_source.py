@@ -7,15 +7,19 @@ A dataset written with ``--max-size`` has an ``image`` leaf of variable size
 1. Boxes from the sizes columns only (no pixel touched):
    ``RandomResizedCrop`` boxes drawn on each sample's own size
    (`tbl_loader.order.random_resized_crop_boxes`, a pure function of
-   ``(seed, epoch, sample_id)`` and that size), or the evaluation boxes
-   (`tbl_loader.image_spec.resized_center_crop_boxes`), or a plain centred box.
+   ``(seed, epoch, sample_id)`` and that size), or a plain centred box; for the
+   evaluation transform (``resize`` + ``center_crop``), the fractional windows
+   of torchvision's geometry (`tbl_loader.image_spec.resized_center_crop_windows`).
    Flips from `tbl_loader.order.flip_draws`, as for fixed-size images.
 2. Sources: raw rows are zero-copy views of the mapped heap (their shapes are
    checked against the sizes columns); JPEG rows are decoded in a thread pool
    with the GIL released, at the DCT scale the box allows, and the boxes are
    mapped onto the decoded images (`tbl_loader.jpeg_decode`).
-3. One ``crop_resize_images`` kernel call: crop, resize, flip, normalize and
-   lay out every sample, GIL released, parallel over the batch.
+3. One kernel call: crop, resize, flip, normalize and lay out every sample, GIL
+   released, parallel over the batch. Boxes go to ``crop_resize_images``
+   (crop, then resize the box: torchvision's RandomResizedCrop); windows go to
+   ``resize_crop_images`` (resize the whole image, then crop: torchvision's
+   ``Resize`` + ``CenterCrop``, computed for the crop only).
 
 Every step is a function of the sample and the stream position only, so the
 stream does not depend on batch size, prefetch depth or thread count.
@@ -32,7 +36,7 @@ import numpy as np
 from . import order
 from ._kernels import kernels, per_sample_kernels
 from .batch import Batch, host_indices
-from .image_spec import ImageSpec, resized_center_crop_boxes
+from .image_spec import ImageSpec, fit_windows, resized_center_crop_windows
 from .jpeg_decode import JpegDecodeError, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .keys import sample_keys
 from .order import BatchPlan
@@ -124,11 +128,25 @@ def bind_variable(spec: ImageSpec, dataset: Any) -> VariableColumns:
     return VariableColumns(store, heights, widths, labels, channels, out_hw)
 
 
-def stream_settings(columns: VariableColumns) -> dict[str, Any]:
-    """What besides the ImageSpec changes this stream: the serve-time decoder (its version changes pixels)."""
+EVAL_RULE = "resize-crop"
+"""Fingerprinted with the evaluation transform: it resizes the whole image, then crops (before, it resized a
+rounded box), so a state saved under the old rule refuses to resume instead of continuing with other pixels."""
+
+
+def stream_settings(columns: VariableColumns, spec: ImageSpec | None = None) -> dict[str, Any]:
+    """What besides the ImageSpec changes this stream: the serve-time decoder (its version changes pixels)
+    and, for the evaluation transform, its resampling rule."""
+    settings: dict[str, Any] = {"variable": columns.store}
     if columns.store == "jpeg":
-        return {"variable": "jpeg", "decoder": decoder_info()}
-    return {"variable": "raw"}
+        settings["decoder"] = decoder_info()
+    if spec is not None and _evaluation(spec):
+        settings["eval_rule"] = EVAL_RULE
+    return settings
+
+
+def _evaluation(spec: ImageSpec) -> bool:
+    """True for the evaluation transform (shorter side to ``resize``, then ``center_crop``)."""
+    return spec.random_resized_crop is None and spec.resize is not None
 
 
 class VariableImageSource:
@@ -136,7 +154,7 @@ class VariableImageSource:
 
     def __init__(self, dataset: Any, columns: VariableColumns, spec: ImageSpec, seed: int,
                  verify_rows: Any = None, num_threads: int | None = None) -> None:
-        self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking crop_resize_images
+        self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
             decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
         self.dataset = dataset
@@ -149,6 +167,7 @@ class VariableImageSource:
             seg.view(np.uint8).reshape(seg.shape[0], 8) for seg in columns.labels]
         self.seed = seed
         self.spec = spec
+        self.windows = _evaluation(spec)  # boxes() gives float64 windows for resize_crop_images
         self.out_hw = columns.out_hw
         self.out_shape = columns.out_shape(spec.layout)
         self.table = kernels.normalization_table(spec.mean, spec.std, spec.dtype) if spec.normalized else None
@@ -162,14 +181,15 @@ class VariableImageSource:
         return buffers
 
     def boxes(self, epoch: int, ids: np.ndarray) -> np.ndarray:
-        """int32 (n, 4) boxes of samples ``ids`` on their own sizes (from the columns alone)."""
+        """Samples ``ids``' boxes on their own sizes (from the columns alone): int32 (n, 4) for
+        ``crop_resize_images``, or float64 (n, 4) windows for ``resize_crop_images`` (evaluation transform)."""
         h, w = self.columns.heights[ids], self.columns.widths[ids]
         crop, spec = self.spec.random_resized_crop, self.spec
         if crop is not None:
             return order.random_resized_crop_boxes(self.seed, epoch, ids, h, w, crop.scale, crop.ratio)
         ch, cw = self.out_hw
         if spec.resize is not None:
-            return resized_center_crop_boxes(h, w, spec.resize, ch, cw)
+            return resized_center_crop_windows(h, w, spec.resize, ch, cw)
         # order.center_crop_box's rule (torchvision's CenterCrop), per sample
         top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
         return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
@@ -194,8 +214,8 @@ class VariableImageSource:
         else:
             images, boxes = self._decode(values, ids, boxes)
         out = buffers["images"][:n]
-        self.kernels.crop_resize_images(images, boxes, out, self.table,
-                                        None if flip is None else flip.view(np.uint8), self.spec.layout)
+        kernel = self.kernels.resize_crop_images if self.windows else self.kernels.crop_resize_images
+        kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
 
@@ -228,6 +248,9 @@ class VariableImageSource:
             self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tbl-jpeg")
         images = list(self._pool.map(one, range(len(blobs))))
         decoded = np.array([im.shape[:2] for im in images], dtype=np.int64).reshape(-1, 2)
+        if self.windows:  # a window scales with the image: the same part of the photo, in decoded pixels
+            ratio = np.tile(decoded / np.stack([h, w], axis=1), (1, 2))  # (rows, cols, rows, cols)
+            return images, fit_windows(boxes * ratio, decoded)
         return images, scale_boxes(boxes, np.stack([h, w], axis=1), decoded)
 
     def close(self) -> None:
