@@ -518,8 +518,110 @@ def order_keys(ids, epoch):
     return sample_keys(SEED, epoch, np.asarray(ids, np.int64))
 
 
-def test_fields_and_multi_crop_on_variable_images_are_refused_by_name(raw_path):
-    with pytest.raises(ValueError, match="variable-size images"):
-        loader(raw_path, 8, fields=("label",))
+def test_multi_crop_on_variable_images_is_refused_by_name(raw_path):
     with pytest.raises(ValueError, match="variable-size images"):
         loader(raw_path, 8, random_resized_crop=[CROP, RandomResizedCrop(8)])
+    with pytest.raises(ValueError, match="'label' is served as the batch's labels"):
+        loader(raw_path, 8, fields=("label",))
+
+
+FIELDS = ("caption", "score", "points", "meta", "tags", "height")
+
+
+def write_raw_with_fields(path: Path, images: list[np.ndarray]) -> Path:
+    """Variable-size raw images plus leaves of every kind the field rules batch: str, float, a
+    variable-shape array, a fixed-shape array, an optional list, and the height column itself."""
+    schema = tbl_format.Schema({"image": tbl_format.Leaf("var_array", dtype="uint8", ndim=3),
+                                "height": tbl_format.Leaf("int"), "width": tbl_format.Leaf("int"),
+                                "label": tbl_format.Leaf("int"), "caption": tbl_format.Leaf("str"),
+                                "score": tbl_format.Leaf("float"),
+                                "points": tbl_format.Leaf("var_array", dtype="int32", ndim=1),
+                                "meta": tbl_format.Leaf("array", dtype="float32", shape=(4,)),
+                                "tags": tbl_format.Leaf("var_list", item="int", optional=True)})
+    with tbl_format.Writer(path, schema, shard_rows=20) as w:
+        for i, img in enumerate(images):
+            w.write({"image": img, "height": img.shape[0], "width": img.shape[1], "label": i * 7,
+                     "caption": f"photo {i} " + "x" * (i % 5), "score": i / 7,
+                     "points": np.arange(i % 6, dtype=np.int32) * i,
+                     "meta": np.array([i, i / 2, -i, 1.5], np.float32),
+                     "tags": None if i % 4 == 0 else list(range(i % 3))})
+    return path
+
+
+def collect_fields(ld, limit=None):
+    """(images, labels, indices) as collect gives them, plus every batch's fields as exact tree forms."""
+    from conftest import tree_form
+
+    imgs, labs, idx, fields = [], [], [], []
+    it = iter(ld)
+    while limit is None or len(imgs) < limit:
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        imgs.append(as_numpy(b.images).copy())
+        labs.append(as_numpy(b.labels).copy())
+        idx.append(as_numpy(b.indices).copy())
+        for k in range(len(b.indices)):  # per sample, so that batch size does not matter
+            fields.append(tuple(tree_form(_row(b.fields[p], k)) for p in FIELDS))
+    del it
+    return np.concatenate(imgs), np.concatenate(labs), np.concatenate(idx), fields
+
+
+def _row(value, k):
+    """Sample k of a batched field value (an array's row, a list's item, a Padded's trimmed row)."""
+    from tbl_loader import Masked, Padded
+
+    if isinstance(value, Padded):
+        lengths = np.asarray(value.lengths[k]).reshape(-1)  # one length per padded axis
+        return value.data[k][tuple(slice(0, int(n)) for n in lengths)]
+    if isinstance(value, Masked):
+        return (bool(value.present[k]), _row(value.data, k) if bool(value.present[k]) else None)
+    if isinstance(value, list):
+        return value[k]
+    return np.asarray(value)[k]
+
+
+@pytest.mark.parametrize("var", ["list", "pad"])
+def test_fields_on_variable_images_are_the_pytree_batch_every_way(tmp_path, var_images, var):
+    """fields= on variable-size images: the pytree batch of those rows, and the same stream with prefetch
+    on/off, 1 and 2 threads, batch 7 and 64, resumed and straight (np.array_equal on every element)."""
+    from tbl_loader import PyTreeDataset
+
+    if not PER_SAMPLE:
+        pytest.skip("needs tbl-kernels 0.2")
+    path = write_raw_with_fields(tmp_path / "fields", var_images)
+    runs = []
+    for batch, prefetch, threads in [(7, 0, 1), (64, 2, 2), (7, 3, 2)]:
+        with loader(path, batch, hflip=0.5, prefetch=prefetch, num_threads=threads, fields=FIELDS, var=var) as ld:
+            ld.set_epoch(1)
+            runs.append(collect_fields(ld))
+    first = loader(path, 7, hflip=0.5, fields=FIELDS, var=var)
+    first.set_epoch(1)
+    head = collect_fields(first, limit=3)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    with loader(path, 64, hflip=0.5, prefetch=0, fields=FIELDS, var=var) as resumed:
+        resumed.load_state_dict(state)
+        tail = collect_fields(resumed)
+    runs.append((*(np.concatenate([a, b]) for a, b in zip(head[:3], tail[:3], strict=True)), head[3] + tail[3]))
+    for other in runs[1:]:
+        for field in range(3):
+            assert np.array_equal(runs[0][field], other[field])
+        assert other[3] == runs[0][3]
+    images, labels, ids, fields = runs[0]
+    assert np.array_equal(images, expected(var_images, ids, epoch=1, hflip=0.5))
+    assert np.array_equal(labels, ids * 7)
+    # each sample's fields are its own row's values, as the pytree loader batches them
+    with PyTreeDataset(path, var=var) as ref:
+        want = ref.get_batch(ids)
+    from conftest import tree_form
+
+    for k in range(len(ids)):
+        assert fields[k] == tuple(tree_form(_row(_leaf(want, p), k)) for p in FIELDS)
+
+
+def _leaf(tree, path):
+    for part in path.split("/"):
+        tree = tree[part]
+    return tree

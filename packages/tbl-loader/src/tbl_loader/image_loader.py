@@ -282,8 +282,8 @@ class ImageLoader(HostLoader):
             lazy = dataset.verify_rows if verify == "lazy" else None
             if variable:
                 columns = variable_source.bind_variable(spec, dataset)
-                if fields or spec.extra_crops:
-                    raise ValueError("fields= and several crop views are not served from variable-size images yet "
+                if spec.extra_crops:
+                    raise ValueError("several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
                 settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec)}
             else:
@@ -294,7 +294,10 @@ class ImageLoader(HostLoader):
                                   dataset_fingerprint=dataset.fingerprint, settings=settings, rows=subset,
                                   shard_rows=getattr(dataset, "segment_rows", None))
             if variable:
-                source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads)
+                field_paths = _field_paths(fields, spec, columns)
+                reader = FieldReader(dataset, field_paths, var) if field_paths else None
+                source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads,
+                                                             reader)
                 closers.insert(0, source.close)  # the decode threads stop before the dataset closes
             else:
                 field_paths = _field_paths(fields, spec, columns)
@@ -326,7 +329,7 @@ class ImageLoader(HostLoader):
         return self._pipeline.source.batch(outputs, payload, plan, self.output.backend, self.output.device)
 
 
-def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns) -> list[str]:
+def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns | variable_source.VariableColumns) -> list[str]:
     """The leaves read through the field path: ``fields`` plus a label leaf that is not int64."""
     if isinstance(fields, str):
         raise TypeError(f"fields must be a sequence of leaf paths, not a single string ({fields!r})")

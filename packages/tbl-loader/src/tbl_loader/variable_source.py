@@ -36,6 +36,7 @@ import numpy as np
 from . import order
 from ._kernels import kernels, per_sample_kernels
 from .batch import Batch, host_indices
+from .fields import FieldReader
 from .image_spec import ImageSpec, fit_windows, resized_center_crop_windows
 from .jpeg_decode import JpegDecodeError, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .keys import sample_keys
@@ -71,6 +72,11 @@ class VariableColumns:
     @property
     def num_samples(self) -> int:
         return int(self.heights.shape[0])
+
+    @property
+    def label_field(self) -> bool:
+        """Always False: the label of a variable-size dataset is an int64 scalar or absent (bind_variable checks)."""
+        return False
 
     def out_shape(self, layout: str) -> tuple[int, int, int]:
         return (self.channels, *self.out_hw) if layout == "CHW" else (*self.out_hw, self.channels)
@@ -153,7 +159,7 @@ class VariableImageSource:
     """Fills ring slots for an ImageLoader over variable-size images. Holds the dataset, never the loader."""
 
     def __init__(self, dataset: Any, columns: VariableColumns, spec: ImageSpec, seed: int,
-                 verify_rows: Any = None, num_threads: int | None = None) -> None:
+                 verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None) -> None:
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
             decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
@@ -163,6 +169,9 @@ class VariableImageSource:
         self.image_key = spec.image_key
         self.verify_rows = verify_rows
         self.verified_leaves = [spec.image_key, *SIZE_KEYS] + ([] if columns.labels is None else [spec.label_key])
+        self.fields = fields  # extra leaves served in batch.fields (tbl_loader.fields), or None
+        if fields is not None:
+            self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
         self.labels = None if columns.labels is None else [
             seg.view(np.uint8).reshape(seg.shape[0], 8) for seg in columns.labels]
         self.seed = seed
@@ -178,6 +187,8 @@ class VariableImageSource:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.spec.dtype, output)}
         if self.labels is not None:
             buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
+        if self.fields is not None:
+            buffers.update(self.fields.allocate(capacity, output))
         return buffers
 
     def boxes(self, epoch: int, ids: np.ndarray) -> np.ndarray:
@@ -194,13 +205,17 @@ class VariableImageSource:
         top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
         return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
 
-    def batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan, backend: str,
+    def batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan, backend: str,
               torch_device: Any = False) -> Batch:
-        """The Batch of one plan: images, labels, dataset rows and per-sample keys (one view, no fields)."""
+        """The Batch of one plan: images, labels, dataset rows, per-sample keys and the extra fields
+        (``payload``: their variable-size columns, from fill)."""
+        fields = {}
+        if self.fields is not None:
+            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
         return Batch(outputs["images"], outputs.get("labels"), host_indices(plan.sample_ids, backend),
-                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids))
+                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields)
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids
         n = ids.shape[0]
         rows = ids.tolist()
@@ -218,6 +233,7 @@ class VariableImageSource:
         kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
+        return None if self.fields is None else self.fields.fill(buffers, ids)
 
     def _raw_views(self, views: list[Any], ids: np.ndarray) -> list[np.ndarray]:
         h, w = self.columns.heights[ids], self.columns.widths[ids]
