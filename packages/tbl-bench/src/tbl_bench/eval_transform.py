@@ -8,8 +8,8 @@ dtype="uint8")``: one ``resize_crop_images`` call on the windows
 `tbl_loader.image_spec.resized_center_crop_windows` gives.
 
 The reference is what torchvision does to a PIL image, on the same decoded
-pixels (raw rows as stored; JPEG rows decoded by the loader's own decoder,
-`tbl_loader.jpeg_decode.decode_jpeg`, at full scale): ``Resize(R)`` sets the
+pixels (raw rows as stored; JPEG rows decoded as the loader decodes them at
+full scale, simplejpeg ``decode_jpeg(data, "RGB", strict=True)``): ``Resize(R)`` sets the
 shorter side to R and the longer to ``int(R * long / short)`` and calls
 Pillow's ``Image.resize((w', h'), BILINEAR)`` (returning the image unchanged
 when it already has that size); ``CenterCrop(C)`` takes
@@ -100,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     import tbl_format
     from tbl_kernels import normalization_table
     from tbl_loader import IMAGENET_MEAN, IMAGENET_STD, ImageLoader
-    from tbl_loader.image_spec import resized_center_crop_windows
-    from tbl_loader.jpeg_decode import dct_scale, decode_jpeg
 
     ds = tbl_format.open(args.dataset)
     rows = min(args.rows, len(ds))
@@ -121,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     jpeg = ds.schema.leaves["image"].kind == "encoded_image"
     stored = ds.values("image", ids)
     if jpeg:
-        pixels = [decode_jpeg(blob, 1, height=int(h), width=int(w))
-                  for blob, h, w in zip(stored, heights, widths, strict=True)]
-        windows = resized_center_crop_windows(heights, widths, args.resize, args.crop, args.crop)
-        reduced = int((dct_scale(windows[:, 2], windows[:, 3], args.crop, args.crop) > 1).sum())
+        import simplejpeg  # the loader's serve-time decoder (tbl-loader's jpeg extra)
+
+        pixels = [simplejpeg.decode_jpeg(blob, "RGB", strict=True) for blob in stored]
+        # The loader decodes at DCT scale 1/k (k >= 2) where the crop window is at least k times the
+        # output on both axes; the window is crop * side / resized side, so that is side >= 2 * resized side.
+        resized = np.array([_resized_size(int(h), int(w), args.resize) for h, w in zip(heights, widths, strict=True)])
+        reduced = int(((heights >= 2 * resized[:, 0]) & (widths >= 2 * resized[:, 1])).sum())
     else:
         pixels, reduced = [np.asarray(v) for v in stored], 0
     ds.close()
