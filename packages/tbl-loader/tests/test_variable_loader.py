@@ -154,6 +154,17 @@ def test_resized_center_crop_windows_rule():
     assert (win[:, 1] >= 0).all() and (win[:, 1] + win[:, 3] <= ws).all()
 
 
+def test_fit_windows_keeps_windows_inside_after_scaling():
+    """A whole-side window scaled onto a DCT-decoded image may round past the edge: it is brought back inside."""
+    over = np.nextafter(50.0, 51.0)
+    fitted = fit_windows(np.array([[0.0, 3.0, over, 40.0], [10.0, 0.0, 40.0, over]]), np.array([[50, 50], [50, 50]]))
+    assert fitted.tolist() == [[0.0, 3.0, 50.0, 40.0], [10.0, 0.0, 40.0, 50.0]]
+    size = np.nextafter(40.0, 41.0)
+    assert 10.0 + size > 50.0  # start + size one ulp past the side
+    fitted = fit_windows(np.array([[10.0, 0.0, size, 1.0]]), np.array([[50, 50]]))
+    assert fitted[0, 0] + fitted[0, 2] <= 50.0 and 10.0 - 1e-12 < fitted[0, 0] < 10.0 and fitted[0, 2] == size
+
+
 def test_evaluation_rule_is_in_the_fingerprint_and_random_crop_states_still_resume(raw_path, monkeypatch):
     """A state saved by the previous rule (settings without the evaluation rule) no longer resumes the
     evaluation transform, and still resumes random-crop streams, whose settings did not change."""

@@ -99,10 +99,12 @@ def resized_center_crop_windows(height, width, resize: int, crop_h: int, crop_w:
 
 
 def fit_windows(windows: np.ndarray, full_hw: np.ndarray) -> np.ndarray:
-    """``windows`` with each start lowered by ulps where ``start + size`` exceeds the side in float64."""
+    """``windows`` with each size capped at its side and each start lowered by ulps where ``start + size``
+    exceeds the side in float64 (scaling a window onto a decoded image can round it past the edge)."""
     windows = np.array(windows, dtype=np.float64)
     sides = np.asarray(full_hw, dtype=np.float64)
     for axis in (0, 1):
+        windows[:, axis + 2] = np.minimum(windows[:, axis + 2], sides[:, axis])  # then start 0 always fits
         over = windows[:, axis] + windows[:, axis + 2] > sides[:, axis]
         while over.any():
             windows[over, axis] = np.maximum(np.nextafter(windows[over, axis], 0.0), 0.0)
