@@ -247,7 +247,7 @@ class Resumable:
         self.cursor.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Seed, epoch, global samples consumed, dataset and settings fingerprints (a small dict)."""
+        """Seed, epoch, global samples consumed, dataset and settings fingerprints and the settings (a small dict)."""
         return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
