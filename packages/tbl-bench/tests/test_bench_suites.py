@@ -129,15 +129,21 @@ def test_images_peers_are_every_tool_users_pick_on_the_same_data(tmp_path):
 
 
 def test_tokens_workload_checks_every_window_of_its_warmup_epoch(tmp_path):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     from tbl_bench.suites import tokens
 
     tokens.write_tbl(str(tmp_path / "t"), 300_000)
-    for level in tokens.LEVELS:
-        work = tokens.tbl_loader_epochs(str(tmp_path / "t"), 300_000, level)
-        assert work.run_epoch(0) == work.items_per_epoch
-        assert work.info["checked"]["windows"] == work.items_per_epoch // (tokens.SEQ + 1)
-        work.close()
+    threads = torch.get_num_threads()
+    try:
+        for level in tokens.LEVELS:
+            work = tokens.tbl_loader_epochs(str(tmp_path / "t"), 300_000, level)
+            assert work.run_epoch(0) == work.items_per_epoch
+            assert work.info["checked"]["windows"] == work.items_per_epoch // (tokens.SEQ + 1)
+            # the consuming process's torch threads are set by the workload, for every loader alike
+            assert work.info["consumer_torch_threads"] == tokens.CONSUMER_TORCH_THREADS == torch.get_num_threads()
+            work.close()
+    finally:
+        torch.set_num_threads(threads)
     broken = tokens.tbl_loader_epochs(str(tmp_path / "t"), 300_000)
     original = tokens.token
     tokens.token = lambda i: original(i + 1)
@@ -147,3 +153,27 @@ def test_tokens_workload_checks_every_window_of_its_warmup_epoch(tmp_path):
     finally:
         tokens.token = original
         broken.close()
+
+
+def test_fields_cost_runs_the_images_suites_pair_on_a_converted_dataset(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import json
+
+    import numpy as np
+
+    import tbl_format
+    from tbl_bench import fields_cost
+    from tbl_bench.suites import images
+
+    rng = np.random.default_rng(0)
+    src = tbl_format.write(({"image": rng.integers(0, 256, (8, 8, 3), np.uint8), "label": i % 3} for i in range(96)),
+                           tmp_path / "src.tbl")
+    assert fields_cost.main([str(src), "--data-dir", str(tmp_path / "data"), "--rounds", "1", "--epochs", "1",
+                             "--batch-size", "16", "--json", str(tmp_path / "out.json")]) == 0
+    out = capsys.readouterr().out
+    assert "round 1 tbl/consume/plain/8/images-only" in out and "round 1 tbl/consume/plain/8/fields" in out
+    assert "fields / images-only over 1 rounds: median" in out
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert len(doc["ratios"]) == 1 and doc["ratios"][0] > 0
+    with tbl_format.open(tmp_path / "data" / "src-fields.tbl") as ds:  # the copy the pair reads
+        assert set(images.FIELDS) <= set(ds.leaf_paths) and len(ds) == 96

@@ -41,7 +41,20 @@ def test_image_loader_state_dict_is_unchanged_for_the_same_position():
     with ImageLoader(VECTORS / "images", 3, seed=kw["seed"], hflip=kw["hflip"],
                      random_resized_crop=RandomResizedCrop(kw["random_resized_crop"]), backend="numpy") as loader:
         loader.load_state_dict(vector["state"])
-        assert loader.state_dict() == vector["state"]  # batch size is not part of the state
+        state = loader.state_dict()
+        # Batch size is not part of the state; today's states add the settings behind the fingerprint.
+        assert {k: v for k, v in state.items() if k != "stream_settings"} == vector["state"]
+        assert state["stream_settings"]["hflip"] == kw["hflip"]
+
+
+def test_an_old_state_with_other_settings_is_refused_by_its_fingerprint():
+    vector = STATES["image"]
+    kw = vector["kwargs"]
+    assert "stream_settings" not in vector["state"]
+    with ImageLoader(VECTORS / "images", 3, seed=kw["seed"], hflip=not kw["hflip"],
+                     random_resized_crop=RandomResizedCrop(kw["random_resized_crop"]), backend="numpy") as loader:
+        with pytest.raises(StateMismatchError, match="other stream settings"):
+            loader.load_state_dict(vector["state"])
 
 
 def test_pytree_loader_resumes_a_saved_state_exactly():

@@ -43,6 +43,20 @@ def test_every_window_is_the_flat_stream_at_its_offset(stream):
     loader.close()
 
 
+@pytest.mark.parametrize("seq_len,dtype", [(T, "int64"), (450, "int32"), (299, None), (300, "int64")])
+def test_windows_within_and_across_shards_and_longer_than_a_shard(stream, seq_len, dtype):
+    """Shards hold 300 tokens: T=16 windows mostly lie in one shard (gathered per shard), 299 / 300 / 450
+    cross one or two boundaries (copied piece by piece), widened to ``dtype`` in the same copy."""
+    path, flat = stream
+    with TokenLoader(path, 6, seq_len, seed=9, backend="numpy", dtype=dtype) as loader:
+        order = loader.epoch_order().permutation
+        got = _windows(loader)
+    assert got.dtype == np.dtype(dtype or "uint16") and got.shape == (order.shape[0], seq_len + 1)
+    o = window_offset(9, 0, seq_len)
+    want = np.stack([flat[o + j * seq_len : o + j * seq_len + seq_len + 1] for j in order.tolist()])
+    assert np.array_equal(got, want.astype(got.dtype))
+
+
 def test_offsets_differ_between_epochs_and_shuffle_false_is_in_order(stream):
     path, flat = stream
     assert len({window_offset(3, e, T) for e in range(8)}) > 1

@@ -8,6 +8,7 @@ from .cache import CacheFullError
 from .conversion import (
     ConvertReport,
     DestinationError,
+    EmptyClassError,
     ImageDecodeError,
     SourceError,
     WorkerCrashError,
@@ -60,6 +61,7 @@ __all__ = [
     "CollatedBatch",
     "ConvertReport",
     "DestinationError",
+    "EmptyClassError",
     "EpochBatch",
     "EpochBatchSampler",
     "EpochOrder",

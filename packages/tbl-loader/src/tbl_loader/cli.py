@@ -4,7 +4,7 @@
                 [--workers N]
                 [--on-error fail|skip] [--shard-rows N | --shards N] [--part i/n]
                 [--report PATH] [--quiet] [--label-file F] [--resample R] [--no-draft]
-                [--force] [--max-image-bytes N] [--engine local|ray [--address A]]
+                [--force] [--max-image-bytes N] [--engine local|ray [--address A]] [--allow-empty-classes]
     tbl convert --merge PART [PART ...] DST
 
 DST may be a URL (``s3://bucket/prefix/`` with --shard-rows or --shards, or
@@ -19,7 +19,8 @@ Exit status and outcome (every error is one line on stderr naming the path and t
     1    published, with something to look at: images left out (--on-error skip), folders or
          second names of a file skipped by the listing, or the report could not be written
     2    refused before converting, nothing written or removed: a usage error, a bad option,
-         an unusable source (missing, a FIFO or device, no images, a bad label file), a refused
+         an unusable source (missing, a FIFO or device, no images, a bad label file, a class
+         folder without images unless --allow-empty-classes), a refused
          destination (a link, FIFO or device; the source itself; a folder for a file or the
          reverse; an existing dataset without --force) or report path
     3    the conversion failed, nothing published: a bad image with --on-error fail, a worker
@@ -97,6 +98,8 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
                    help="store each image's source path and original size as columns path, orig_size")
     p.add_argument("--sidecar", default=None, metavar="FILE",
                    help="JSON / CSV / TSV of per-image fields keyed by path, stored as columns")
+    p.add_argument("--allow-empty-classes", action="store_true",
+                   help="keep a class folder without images as a class with its label (default: refuse it)")
     p.add_argument("--merge", action="store_true", help="join part outputs PART... into DST instead of converting")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local (default): worker processes here; ray: Ray tasks on a Ray cluster (the ray extra); "
@@ -230,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
             force=args.force,
             keep_path=args.keep_path,
             sidecar=args.sidecar,
+            allow_empty_classes=args.allow_empty_classes,
             **options,
         )
     except (ImageDecodeError, WorkerCrashError) as e:
@@ -279,7 +283,8 @@ def _run_on_ray(args: argparse.Namespace, src: str, dst: str, options: dict[str,
         rep = tbl_ray.convert(
             src, dst, args.size, mode=args.mode, on_error=args.on_error, shard_rows=args.shard_rows,
             shards=args.shards, report=args.report, progress=not args.quiet, label_file=args.label_file,
-            resample=args.resample, draft=args.draft, address=args.address, **options,
+            resample=args.resample, draft=args.draft, address=args.address,
+            allow_empty_classes=args.allow_empty_classes, **options,
         )
     except (SourceError, DestinationError, FileExistsError, ValueError) as e:
         if isinstance(e, ImageDecodeError):

@@ -116,10 +116,12 @@ from .extra_columns import ExtraColumns
 from .jpeg_decode import decoder_info
 from .sources import (
     DEFAULT_MAX_IMAGE_BYTES,
+    EmptyClassError,
     Listing,
     Locator,
     SourceError,
     TarReader,
+    check_empty_classes,
     open_source,
     read_file,
 )
@@ -129,6 +131,7 @@ from .version import __version__
 __all__ = [
     "ConvertReport",
     "DestinationError",
+    "EmptyClassError",
     "ImageDecodeError",
     "ImageError",
     "SourceError",
@@ -206,6 +209,7 @@ class ConvertReport:
     report_error: str | None = None  # why the report file could not be written (then it is not there)
     max_size: int | None = None  # variable-size conversion: the cap on the longer side
     store: str | None = None  # variable-size conversion: "raw" or "jpeg"
+    empty_classes: list[str] = field(default_factory=list)  # class folders kept without images (their label stays)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -231,6 +235,10 @@ class ConvertReport:
                 lines.append(f"  ... and {len(self.skipped) - SUMMARY_ERRORS} more (all are in the report file)")
         if self.ignored_files:
             lines.append(f"{self.ignored_files} non-image file(s) ignored")
+        if self.empty_classes:
+            lines.append(f"{len(self.empty_classes)} empty class folder(s) kept with their label: "
+                         + ", ".join(self.empty_classes[:SUMMARY_ERRORS])
+                         + (" ..." if len(self.empty_classes) > SUMMARY_ERRORS else ""))
         return "\n".join(lines)
 
 
@@ -630,6 +638,7 @@ def convert(
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
     keep_path: bool = False,
     sidecar: str | os.PathLike[str] | None = None,
+    allow_empty_classes: bool = False,
 ) -> ConvertReport:
     """Convert ``src`` (TAR, folder tree or list of (path, label)) to a .tbl dataset at ``dst``.
 
@@ -649,7 +658,9 @@ def convert(
     ``max_image_bytes``: encoded size cap on one image (a bigger one is a bad
     image, never read). ``keep_path`` (``path`` and ``orig_size`` columns) and
     ``sidecar`` (per-image fields from a JSON / CSV file keyed by path): see
-    `tbl_loader.extra_columns`.
+    `tbl_loader.extra_columns`. ``allow_empty_classes``: keep a class folder
+    without images as a class with its label index (otherwise `EmptyClassError`
+    names it and nothing is written).
     """
     t0 = time.perf_counter()
     if (size is None) == (max_size is None):
@@ -698,6 +709,7 @@ def convert(
     except OSError as e:
         raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
     with open_source(src, label_file=label_file, scratch_dir=dst_path.parent) as listing:
+        check_empty_classes(listing, allow_empty_classes)  # refused before anything is written
         n_all = len(listing)
         start, stop = part_range(n_all, part_t)
         names = listing.names[start:stop]
@@ -729,6 +741,7 @@ def convert(
             classes=len(listing.classes),
             skipped=[ImageError(name, why) for name, why in listing.skipped],
             max_image_bytes=max_image_bytes,
+            empty_classes=list(listing.empty_classes),
         )
         if shards is not None:
             shard_rows = max(1, math.ceil(len(names) / shards))

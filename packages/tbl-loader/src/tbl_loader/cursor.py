@@ -34,7 +34,7 @@ import numpy as np
 
 from .distributed import resolve_rank_world
 from .order import DEFAULT_BLOCK_WINDOW, PADDING_MODES, SHUFFLE_MODES, BatchPlan, EpochOrder
-from .state import StateMismatchError, StreamState, settings_fingerprint
+from .state import StateMismatchError, StreamState, settings_fingerprint, settings_record
 from .subset import subset_fingerprint
 
 __all__ = ["Resumable", "StreamCursor", "StreamOptions"]
@@ -126,6 +126,7 @@ class StreamCursor:
             settings["subset"] = subset_fingerprint(rows)  # only when set: whole-dataset states stay valid
         self.rows = rows
         self._settings_fp = settings_fingerprint(settings)
+        self._settings_record = settings_record(settings)  # saved too, so a mismatch can name the setting
         self._epoch = 0
         self._consumed = 0
         self._jump_listeners: list[Callable[[], Any]] = []
@@ -167,10 +168,11 @@ class StreamCursor:
     # ---- state ------------------------------------------------------------------------------
 
     def _state(self, epoch: int, consumed: int) -> StreamState:
-        return StreamState(self.options.seed, epoch, consumed, self._dataset_fp, self._settings_fp)
+        return StreamState(self.options.seed, epoch, consumed, self._dataset_fp, self._settings_fp,
+                           self._settings_record)
 
     def state_dict(self) -> dict[str, Any]:
-        """Seed, epoch, global samples consumed, dataset and settings fingerprints (a small dict)."""
+        """Seed, epoch, global samples consumed, dataset and settings fingerprints and the settings (a small dict)."""
         return self._state(self._epoch, self._consumed).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -245,7 +247,7 @@ class Resumable:
         self.cursor.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Seed, epoch, global samples consumed, dataset and settings fingerprints (a small dict)."""
+        """Seed, epoch, global samples consumed, dataset and settings fingerprints and the settings (a small dict)."""
         return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

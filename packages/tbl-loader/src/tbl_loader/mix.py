@@ -170,7 +170,8 @@ class Mix(Resumable):
         fingerprint = hashlib.sha256(json.dumps(
             [getattr(s, "fingerprint", type(s).__name__) for s in self.sources]).encode()).hexdigest()[:32]
         self.cursor = StreamCursor(self.epoch_size, options, dataset_fingerprint=fingerprint,
-                                   settings={"mix": {"weights": list(self.weights), "sizes": self.sizes}})
+                                   settings={"mix": {"weights": list(self.weights), "sizes": self.sizes,
+                                                      "epoch_size": self.epoch_size}})
         self._schedule: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._producer: Producer | None = None
         self.cursor.on_jump(self._stop)

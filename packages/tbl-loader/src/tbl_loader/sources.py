@@ -10,8 +10,11 @@ Sources and their rules
 Folder tree (torchvision ImageFolder layout)
     ``root/<class>/**/<image>``: every first-level subfolder of ``root`` is a
     class; classes are the sorted folder names (Python ``str`` order) and a
-    label is the index of its class, exactly as ImageFolder assigns them
-    (empty class folders keep their index). Images are found recursively.
+    label is the index of its class, exactly as ImageFolder assigns them.
+    A class folder without images is refused by `tbl convert`
+    (`EmptyClassError`, naming the folder) unless ``allow_empty_classes``:
+    then it keeps its index (class names always come from the whole source)
+    and the listing's ``empty_classes`` names it. Images are found recursively.
     Files directly in ``root`` are ignored, and so are hidden folders such as
     ``.ipynb_checkpoints`` (ImageFolder would count them as classes).
 TAR (ImageNet layout)
@@ -92,12 +95,14 @@ import tbl_format
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_BYTES",
+    "EmptyClassError",
     "IMG_EXTENSIONS",
     "ImageTooLargeError",
     "Listing",
     "NotRegularFileError",
     "SourceError",
     "TarReader",
+    "check_empty_classes",
     "open_regular",
     "open_source",
     "parse_label_file",
@@ -121,6 +126,10 @@ _COMPRESSIONS: Final = (
 class SourceError(ValueError):
     """The conversion source is unusable: missing, not a regular file or folder, unknown layout, bad label file,
     no images."""
+
+
+class EmptyClassError(SourceError):
+    """A class folder of the source holds no image (refused unless ``allow_empty_classes``)."""
 
 
 class NotRegularFileError(ValueError):
@@ -181,9 +190,25 @@ class Listing:
     # (name, why): folders not walked (a link to a folder already walked, a loop, unreadable) and
     # second names of a file already listed
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # class folders (folder sources) in which no image was listed; they keep their label index
+    empty_classes: list[str] = field(default_factory=list)
+    root: str | None = None  # the folder source's root (names the empty class folders)
 
     def __len__(self) -> int:
         return len(self.names)
+
+
+def check_empty_classes(listing: Listing, allow_empty_classes: bool) -> None:
+    """Raise `EmptyClassError` naming every empty class folder, unless they are allowed."""
+    empty = listing.empty_classes
+    if not empty or allow_empty_classes:
+        return
+    root = Path(listing.root or ".")
+    shown = ", ".join(repr(str(root / c)) for c in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+    raise EmptyClassError(
+        f"{len(empty)} class folder(s) hold no image: {shown}; remove them, or pass --allow-empty-classes "
+        f"(allow_empty_classes=True) to keep each as an empty class with its label index"
+    )
 
 
 def _is_image_name(name: str) -> bool:
@@ -448,7 +473,10 @@ def _folder_listing(root: Path, label_file: str | os.PathLike[str] | None) -> Li
     names = _one_name_per_file(found, skipped)
     index = {c: i for i, c in enumerate(classes)}
     labels = [index[n.split("/", 1)[0]] for n in names]
-    return Listing("folder", names, labels, [str(root / n) for n in names], classes, ignored=ignored, skipped=skipped)
+    used = set(labels)
+    empty = [c for i, c in enumerate(classes) if i not in used]
+    return Listing("folder", names, labels, [str(root / n) for n in names], classes, ignored=ignored, skipped=skipped,
+                   empty_classes=empty, root=str(root))
 
 
 def _list_listing(pairs: Sequence[object]) -> Listing:

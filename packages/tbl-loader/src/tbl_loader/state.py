@@ -3,7 +3,10 @@
 A state is five facts: the seed, the epoch, the number of global positions of the
 epoch's permutation already consumed (by all ranks together), a fingerprint of
 the dataset and a fingerprint of the settings that change the stream (which
-samples, in which order, with which augmentation draws). Batch size, prefetch,
+samples, in which order, with which augmentation draws). The settings themselves
+ride along (``"stream_settings"``, JSON values) so that a refused state can say
+which setting differs; the fingerprint stays the authority, and states without
+them (tbl-loader 0.1.0's) load as before. Batch size, prefetch,
 thread count, output dtype / layout and world size are deliberately left out: a
 run may resume with any of them changed and still yields exactly the rest of the
 epoch.
@@ -23,7 +26,9 @@ __all__ = [
     "StateMismatchError",
     "StreamState",
     "pytree_fingerprint_v0_1",
+    "settings_differences",
     "settings_fingerprint",
+    "settings_record",
 ]
 
 STATE_VERSION = 1
@@ -56,6 +61,41 @@ def settings_fingerprint(settings: dict[str, Any]) -> str:
     return _digest({"order_version": ORDER_VERSION, **settings})
 
 
+def settings_record(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings :func:`settings_fingerprint` hashes, as JSON values (what a ``state_dict`` stores).
+
+    Serialized exactly as the fingerprint serializes them (tuples become lists,
+    other objects their ``str``), so a saved record equals today's record
+    whenever the two fingerprints are equal.
+    """
+    text = json.dumps({"order_version": ORDER_VERSION, **settings}, sort_keys=True, default=str)
+    return json.loads(text)
+
+
+_ABSENT = object()
+
+
+def settings_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """One sentence per setting that differs between a saved record and this loader's, in name order.
+
+    Nested settings are named by their path (``crop.random_resized.scale``) where both
+    sides hold a dict there, and compared whole otherwise (``crop`` when one side has none).
+    """
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        name = f"{prefix}{key}"
+        was, now = saved.get(key, _ABSENT), current.get(key, _ABSENT)
+        if was == now:
+            continue
+        if isinstance(was, dict) and isinstance(now, dict):
+            lines.extend(settings_differences(was, now, f"{name}."))
+            continue
+        said = f"state was saved without {name}" if was is _ABSENT else f"state was saved with {name}={was!r}"
+        has = f"this loader has no {name}" if now is _ABSENT else f"this loader has {name}={now!r}"
+        lines.append(f"{said}, {has}")
+    return lines
+
+
 @dataclass(frozen=True)
 class StreamState:
     """Where a stream stands: ``consumed`` global positions into epoch ``epoch``."""
@@ -65,9 +105,11 @@ class StreamState:
     consumed: int
     dataset: str
     settings: str
+    stream_settings: dict[str, Any] | None = None
+    """The settings behind the ``settings`` fingerprint (:func:`settings_record`); None in old states."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -75,6 +117,9 @@ class StreamState:
             "dataset": self.dataset,
             "settings": self.settings,
         }
+        if self.stream_settings is not None:
+            state["stream_settings"] = self.stream_settings
+        return state
 
     @classmethod
     def from_dict(cls, state: Any) -> StreamState:
@@ -91,7 +136,11 @@ class StreamState:
             # The generator keys on uint64 seeds and epochs; nothing larger can have been saved.
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
                 raise StateMismatchError(f"state[{key!r}] must be an int in [0, 2**64), got {value!r}")
-        return cls(state["seed"], state["epoch"], state["consumed"], str(state["dataset"]), str(state["settings"]))
+        record = state.get("stream_settings")  # absent in states of tbl-loader 0.1.0
+        if record is not None and not isinstance(record, dict):
+            raise StateMismatchError(f"state['stream_settings'] must be a dict, got {type(record).__name__}")
+        return cls(state["seed"], state["epoch"], state["consumed"], str(state["dataset"]), str(state["settings"]),
+                   record)
 
     def check_compatible(self, other: StreamState, *, accepted_datasets: tuple[str, ...] = ()) -> None:
         """Raise :class:`StateMismatchError` naming the first field where ``other`` differs.
@@ -103,6 +152,11 @@ class StreamState:
                 f"state was saved for another dataset (fingerprint {other.dataset}, this loader's is {self.dataset})"
             )
         if self.settings != other.settings:
+            # The fingerprint decides; the recorded settings only say which one differs.
+            if other.stream_settings is not None and self.stream_settings is not None:
+                differences = settings_differences(other.stream_settings, self.stream_settings)
+                if differences:
+                    raise StateMismatchError("stream settings differ: " + "; ".join(differences))
             raise StateMismatchError(
                 "state was saved with other stream settings (shuffle, flip, crop, drop_last, padding "
                 f"or order version): fingerprint {other.settings}, this loader's is {self.settings}"

@@ -128,37 +128,51 @@ def window_offset(seed: int, epoch: int, seq_len: int, shuffle: bool = True) -> 
 
 
 class _TokenSource:
-    """Fills ring slots with windows; holds the flat shard columns, never the loader."""
+    """Fills ring slots with windows; holds the flat shard columns, never the loader.
+
+    Each window is one slice assignment from its shard into the batch buffer, widened to the
+    output dtype by that same copy (no temporary); a window that crosses into the next shard
+    is copied in parts. Shard bounds are kept as Python ints and the epoch's offset is hashed
+    once per epoch, so the per-window Python work is a few integer operations.
+    """
 
     def __init__(self, flats: list[np.ndarray], seq_len: int, seed: int, shuffle: bool, out_dtype: np.dtype) -> None:
         self.flats = flats
         sizes = np.array([f.shape[0] for f in flats], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self.ends = self.starts + sizes
+        self._starts = self.starts.tolist()
+        self._ends = self.ends.tolist()
         self.seq_len = seq_len
         self.seed = seed
         self.shuffle = shuffle
         self.out_dtype = out_dtype
+        self._offset: tuple[int, int] | None = None  # (epoch, window_offset of that epoch)
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         return {"tokens": allocate_host((capacity, self.seq_len + 1), self.out_dtype, output)}
 
+    def offset(self, epoch: int) -> int:
+        if self._offset is None or self._offset[0] != epoch:
+            self._offset = (epoch, window_offset(self.seed, epoch, self.seq_len, self.shuffle))
+        return self._offset[1]
+
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
         t = self.seq_len
+        width = t + 1
         out = buffers["tokens"]
-        begin = window_offset(self.seed, plan.epoch, t, self.shuffle) + plan.sample_ids * t
+        begin = self.offset(plan.epoch) + plan.sample_ids.astype(np.int64) * t
         shard = np.searchsorted(self.starts, begin, side="right") - 1
-        flats, starts, ends = self.flats, self.starts, self.ends
+        flats, starts, ends = self.flats, self._starts, self._ends
         for b, (s, k) in enumerate(zip(begin.tolist(), shard.tolist(), strict=True)):
-            local = s - int(starts[k])
-            stop = s + t + 1
-            if stop <= ends[k]:
-                out[b] = flats[k][local : local + t + 1]
+            if s + width <= ends[k]:
+                local = s - starts[k]
+                out[b] = flats[k][local : local + width]
             else:  # crosses into the next shard(s)
                 at, pos, kk = 0, s, k
-                while at < t + 1:
-                    take = min(int(ends[kk]) - pos, t + 1 - at)
-                    out[b, at : at + take] = flats[kk][pos - int(starts[kk]) : pos - int(starts[kk]) + take]
+                while at < width:
+                    take = min(ends[kk] - pos, width - at)
+                    out[b, at : at + take] = flats[kk][pos - starts[kk] : pos - starts[kk] + take]
                     at += take
                     pos += take
                     kk += 1

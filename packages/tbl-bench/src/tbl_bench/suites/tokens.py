@@ -15,7 +15,15 @@ litdata          baseline, with --peers, in the peer interpreter:
 ===============  ==================================================================
 
 Two levels: *produce* touches one token of each batch, *consume* converts the
-batch to int64 (what an embedding lookup takes) and sums it. litdata's tokens
+batch to int64 (what an embedding lookup takes) and sums it. The consuming
+process runs torch with ``CONSUMER_TORCH_THREADS`` (1) intra-op threads for both
+loaders: torch's default (one per core) makes the sum of a 32 x 2049 batch a
+2-thread parallel region, and on 2 cores that also run the loader (TBL's
+producer thread, litdata's 2 worker processes) its second thread waits for a
+core, so the sum took milliseconds instead of tens of microseconds and the
+level measured torch's thread pool rather than the loaders (profiled: TBL's
+consume went from 10M to 280M tokens/s with 1 thread, litdata's from 7.4M
+to 10.7M, same machine and minute). litdata's tokens
 are written as int16 (torch's uint16 lacks kernels; the same two bytes per
 token). One warm-up epoch, in
 which TBL's windows are checked element by element against ``token()`` at the
@@ -80,6 +88,7 @@ def _litdata_doc(item: tuple[int, int]):
 
 
 LEVELS = ("produce", "consume")
+CONSUMER_TORCH_THREADS = 1  # the consuming process's intra-op threads, the same for every loader (see above)
 
 
 def _use(batch, level: str) -> None:
@@ -94,7 +103,11 @@ def _use(batch, level: str) -> None:
 
 class _Epochs:
     def __init__(self, loader, windows: int, level: str, info: dict, check=None):
+        import torch
+
+        torch.set_num_threads(CONSUMER_TORCH_THREADS)  # for every loader alike (module docstring)
         self.loader, self.level, self.info, self.check = loader, level, info, check
+        self.info["consumer_torch_threads"] = torch.get_num_threads()
         self.items_per_epoch = windows * (SEQ + 1)
 
     def run_epoch(self, epoch: int) -> int:

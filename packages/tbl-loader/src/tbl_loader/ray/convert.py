@@ -59,7 +59,7 @@ from ray.exceptions import RayTaskError
 from .. import conversion
 from ..conversion import ConvertReport, DestinationError, ImageDecodeError, ImageError
 from ..decode import check_params, check_strict
-from ..sources import DEFAULT_MAX_IMAGE_BYTES, Listing, open_source
+from ..sources import DEFAULT_MAX_IMAGE_BYTES, Listing, check_empty_classes, open_source
 from .sink import OrderError, TblDatasink
 
 __all__ = ["DecoderMismatchError", "convert"]
@@ -93,6 +93,7 @@ def convert(
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
     address: str | None = None,
     images_per_task: int | None = None,
+    allow_empty_classes: bool = False,
 ) -> ConvertReport:
     """Convert ``src`` to the dataset folder ``dst`` on Ray; the options mean what they mean for
     `tbl_loader.convert` (``shard_rows`` / ``shards`` shape the shards only).
@@ -128,6 +129,7 @@ def convert(
         raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
     params = (size, mode, resample, draft)
     with _connected(address), _listed(src, label_file, dst_path.parent) as listing:
+        check_empty_classes(listing, allow_empty_classes)
         n = len(listing)
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         t_scan = time.perf_counter()
@@ -137,6 +139,7 @@ def convert(
             workers=cpus, part=None, part_range=(0, n), source_images=n, total=n, written=0, failed=0, errors=[],
             ignored_files=len(listing.ignored), classes=len(listing.classes),
             skipped=[ImageError(name, why) for name, why in listing.skipped], max_image_bytes=max_image_bytes,
+            empty_classes=list(listing.empty_classes),
         )
         metadata = conversion._metadata(listing, conversion._FixedRecipe(*params))
         per_task = images_per_task or min(MAX_IMAGES_PER_TASK,
