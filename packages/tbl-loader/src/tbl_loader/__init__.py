@@ -35,6 +35,7 @@ from .pytree import (
     collate_identity,
     collate_tensors,
 )
+from .remote_dataset import ShardNotMappedError
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .storage import (
@@ -96,6 +97,7 @@ __all__ = [
     "RemoteUnavailableError",
     "Resumable",
     "RingGrowthWarning",
+    "ShardNotMappedError",
     "SidecarError",
     "SourceError",
     "StateMismatchError",

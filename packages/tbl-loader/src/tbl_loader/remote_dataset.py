@@ -16,13 +16,17 @@ image loader makes on its producer thread:
   the shards in the order they will be needed, ``lookahead`` shards ahead.
 - ``prepare_rows(rows)`` before each batch: every shard holding ``rows`` is
   downloaded (if needed) and mapped, shards no batch needs now are unmapped
-  beyond ``max_mapped``; the returned ``segments`` then hold real columns for
-  every shard the batch reads.
+  beyond ``max_mapped``;
+- ``columns(leaves, rows)`` then: the mapped columns of exactly the shards
+  holding ``rows``, and ``rows`` as positions in their concatenation. That is
+  all a batch's kernel call sees, so a shard that is not mapped is never read:
+  asking for its rows raises :class:`ShardNotMappedError`, and so does
+  ``segments(leaf)`` / ``segment(leaf, k)`` for a shard not mapped.
 
-Shards not mapped appear in ``segments`` as zero-filled placeholders of the
-right shape (anonymous memory that costs no RAM until written, and is never
-read: ``prepare_rows`` maps every shard a batch reads before the batch's
-kernel call). A single ``.tbl`` file at a URL is downloaded whole.
+Binding the image columns (shapes, dtypes, rows per shard) reads no pixel:
+``layout()`` gives a stand-in dataset for it whose columns are address-space-only
+arrays of the right shapes; the loaders never keep them for reading. A single
+``.tbl`` file at a URL is downloaded whole.
 """
 
 from __future__ import annotations
@@ -40,9 +44,16 @@ from .cache import CacheFullError, ShardCache
 from .fetcher import Fetcher
 from .storage import open_store
 
-__all__ = ["RemoteDataset", "materialize", "open_remote"]
+__all__ = ["RemoteDataset", "ShardNotMappedError", "materialize", "open_remote"]
 
 MANIFEST = "manifest.json"
+
+
+class ShardNotMappedError(RuntimeError):
+    """A row of a remote dataset's shard was asked for while that shard is not mapped (``prepare_rows`` first).
+
+    The message names the shard's URL. Never raised by the loaders' own reads (they map first); it is
+    what stops a read from ever seeing anything but the shard's own bytes."""
 
 
 class RemoteDataset:
@@ -63,6 +74,9 @@ class RemoteDataset:
                  storage_options: dict[str, Any] | None = None, verify_data: bool = False,
                  lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None) -> None:
         self.url = url
+        # What another process needs to open the same dataset on the same cache (ImageDataset pickles it).
+        self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
+                        "verify_data": verify_data}
         self.cache = ShardCache(cache_dir, cache_limit)
         self.verify_data = bool(verify_data)
         self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
@@ -89,7 +103,6 @@ class RemoteDataset:
         self._lock = threading.RLock()
         self._mapped: OrderedDict[int, Any] = OrderedDict()  # shard -> open single-file tbl_format.Dataset
         self._templates: dict[str, np.ndarray] = {}
-        self._placeholders: dict[str, np.ndarray] = {}
         # Downloads ahead stay within what the cache holds besides the shards being read.
         lookahead = min(lookahead, max(0, self.max_mapped - 1))
         self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
@@ -160,22 +173,43 @@ class RemoteDataset:
             self._templates[leaf] = template = template[:0]
         return template
 
-    def _placeholder(self, leaf: str, rows: int) -> np.ndarray:
-        template = self._template(leaf)
-        big = self._placeholders.get(leaf)
-        if big is None or big.shape[0] < rows:
-            # np.zeros of a large size is calloc'ed: untouched pages cost address space, not memory.
-            big = self._placeholders[leaf] = np.zeros((max(self._meta.segment_rows), *template.shape[1:]),
-                                                      dtype=template.dtype)
-        return big[:rows]
+    def _not_mapped(self, k: int, leaf: str) -> ShardNotMappedError:
+        return ShardNotMappedError(f"{self.store.where(self._entries[k]['file'])}: leaf {leaf!r} of shard {k} was "
+                                   f"read while the shard is not mapped (prepare_rows(rows) maps it)")
+
+    def segment(self, leaf: str, k: int) -> Any:
+        """Shard ``k``'s column of fixed-size ``leaf`` (ShardNotMappedError when shard ``k`` is not mapped)."""
+        with self._lock:
+            shard = self._mapped.get(k)
+            if shard is None:
+                raise self._not_mapped(k, leaf)
+            return shard.segments(leaf)[0]
 
     def segments(self, leaf: str) -> list[Any]:
-        """Column views of fixed-size ``leaf``, one per shard: real for mapped shards, placeholders otherwise."""
-        self._template(leaf)
+        """Every shard's column of ``leaf`` (ShardNotMappedError unless every non-empty shard is mapped)."""
         rows = self._meta.segment_rows
         with self._lock:
-            return [self._mapped[k].segments(leaf)[0] if k in self._mapped else self._placeholder(leaf, rows[k])
-                    for k in range(len(rows))]
+            return [self.segment(leaf, k) if rows[k] else self._template(leaf) for k in range(len(rows))]
+
+    def columns(self, leaves: list[str], rows: Any) -> tuple[dict[str, list[Any]], np.ndarray]:
+        """The columns a batch of ``rows`` reads: for each leaf, the columns of the shards holding ``rows``
+        (ascending shard order), and ``rows`` as int64 positions in their concatenation.
+
+        ShardNotMappedError when one of those shards is not mapped (``prepare_rows(rows)`` maps them)."""
+        ids = np.asarray(rows, dtype=np.int64).reshape(-1)
+        shard = self.shard_of(ids)
+        used = np.unique(shard)
+        with self._lock:
+            found = {leaf: [self.segment(leaf, k) for k in used.tolist()] for leaf in leaves}
+        counts = np.diff(self._starts)[used]
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        local = ids - self._starts[shard] + offsets[np.searchsorted(used, shard)]
+        return found, np.ascontiguousarray(local, dtype=np.int64)
+
+    def layout(self) -> _Layout:
+        """A stand-in of this dataset for binding columns (shapes, dtypes, rows per shard): see the module
+        docstring. Its arrays are never read for samples."""
+        return _Layout(self)
 
     def verify_rows(self, rows: list[int], leaves: list[str] | None = None) -> None:
         """``tbl_format.Dataset.verify_rows`` shard by shard (the shards are mapped first)."""
@@ -220,6 +254,22 @@ class RemoteDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Layout:
+    """A remote dataset's schema, leaves and column shapes, for ``ImageSpec.bind``: each shard's column is an
+    array of the right shape and dtype made by ``np.zeros`` (calloc: address space, no memory), never read.
+    The loaders read a remote dataset through ``RemoteDataset.columns`` only."""
+
+    def __init__(self, remote: RemoteDataset) -> None:
+        self.leaf_paths = remote.leaf_paths
+        self.schema = remote.schema
+        self.metadata = remote.metadata
+        self._remote = remote
+
+    def segments(self, leaf: str) -> list[np.ndarray]:
+        template = self._remote._template(leaf)
+        return [np.zeros((rows, *template.shape[1:]), dtype=template.dtype) for rows in self._remote.segment_rows]
 
 
 def _file_list(name: str) -> bytes:
