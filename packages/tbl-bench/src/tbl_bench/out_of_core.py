@@ -58,6 +58,38 @@ with ImageLoader(path, batch_size=128, shuffle=shuffle, seed=0, backend="numpy",
 print(json.dumps(rates))
 """
 
+# The disk's own rate in the same limit: every shard file read whole, in the block order's shard sequence,
+# with large positioned reads into one reused buffer (what a perfectly sequential reader gets).
+DISK_CHILD = r"""
+import json, os, sys, time
+path, epochs, cgroup = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+import tbl_format
+from tbl_loader.order import block_shards
+ds = tbl_format.open(path)
+files, rows = [e["file"] for e in ds.shard_entries], ds.segment_rows
+ds.close()
+for name in files:
+    fd = os.open(os.path.join(path, name), os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+buf = bytearray(8 << 20)
+rates = []
+for epoch in range(epochs):
+    t = time.perf_counter()
+    for block in block_shards(rows, 0, epoch):
+        for k in block:
+            fd = os.open(os.path.join(path, files[k]), os.O_RDONLY)
+            offset = 0
+            while (got := os.preadv(fd, [buf], offset)) > 0:
+                offset += got
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    rates.append(sum(rows) / (time.perf_counter() - t))
+print(json.dumps(rates))
+"""
+
 
 def _make_cgroup(limit_bytes: int) -> Path | None:
     """A fresh memory cgroup with ``limit_bytes`` (page cache included), or None where it cannot be made."""
@@ -77,8 +109,11 @@ def _make_cgroup(limit_bytes: int) -> Path | None:
 
 
 def _run_child(path: Path, shuffle: str, epochs: int, cgroup: Path | None) -> list[float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), shuffle, str(epochs), str(cgroup or "-")],
-                         capture_output=True, text=True, check=True)
+    if shuffle == "disk":
+        argv = [sys.executable, "-c", DISK_CHILD, str(path), str(epochs), str(cgroup)]
+    else:
+        argv = [sys.executable, "-c", CHILD, str(path), shuffle, str(epochs), str(cgroup or "-")]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -89,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-rows", type=int, default=250)
     ap.add_argument("--limit-mb", type=int, default=160)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--workdir", default=None, help="where the dataset is written (kept, and reused when there)")
+    ap.add_argument("--skip", default="", help="comma-separated configurations not to run: disk, block, global")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -110,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
           f"({data_mb / args.limit_mb:.1f}x smaller than the dataset)")
     results: dict[str, float | None] = {}
     results["in-RAM (global, no limit)"] = statistics.median(_run_child(path, "global", args.epochs, None)[1:])
-    for label, shuffle in (("block, limited", "block"), ("global, limited", "global")):
+    for label, shuffle in (("disk read, limited", "disk"), ("block, limited", "block"),
+                           ("global, limited", "global")):
+        if shuffle in args.skip.split(","):
+            continue
         group = _make_cgroup(args.limit_mb << 20)
         if group is None:
             results[label] = None
