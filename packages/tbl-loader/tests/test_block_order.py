@@ -131,7 +131,7 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
     import mmap
     import os
 
-    from tbl_loader import advice
+    from tbl_loader import advice, image_loader
 
     if not hasattr(mmap.mmap, "madvise") or advice._DONTNEED is None or advice._FADV_DONTNEED is None:
         pytest.skip("no madvise / posix_fadvise on this platform")
@@ -152,6 +152,7 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
         fadvised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, option))
         return real_fadvise(fd, offset, length, option)
 
+    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)  # as if it were several times the RAM
     monkeypatch.setattr(advice.PageAdvisor, "_release", release)
     monkeypatch.setattr(advice.PageAdvisor, "batch", batch)
     monkeypatch.setattr(advice.os, "posix_fadvise", fadvise)
@@ -173,6 +174,26 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
         for _, offset, length, option in dropped:  # the page-aligned image column of that file
             assert option == os.POSIX_FADV_DONTNEED and offset % mmap.PAGESIZE == 0
             assert length >= int((shard_of == k).sum()) * 8 * 6 * 3
+
+
+def test_a_dataset_that_fits_in_memory_keeps_its_page_cache(block_ds, monkeypatch):
+    """No release when the image column fits the memory available: the next epoch reads it from memory."""
+    from tbl_loader import advice, image_loader
+
+    path, _ = block_ds
+    assert advice.fits_in_memory(1 << 20) and not advice.fits_in_memory(1 << 62)
+    dropped = []
+    monkeypatch.setattr(advice.os, "posix_fadvise", lambda *a: dropped.append(a))
+    monkeypatch.setattr(advice.PageAdvisor, "_release", lambda self, k: dropped.append(k))
+    with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as loader:
+        assert len(list(loader)) == 17
+        assert loader._pipeline.source.advisor is None
+    assert dropped == []
+    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)
+    with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as loader:
+        list(loader)
+        assert loader._pipeline.source.advisor is not None
+    assert dropped and len(set(dropped)) == len(dropped)  # released: each finished shard once
 
 
 def test_block_window_reaches_the_order(block_ds):

@@ -17,6 +17,12 @@ and a read-ahead thread reading the next shards into the page cache ahead of
 the gather (2, 4, 8 or 16 shards ahead) added nothing over the kernel's own
 readahead of the mapped files, so neither is done.
 
+Only a dataset that does not fit is released: dropping pages of one that fits
+would make every epoch read it from disk again. At the start of each pass the
+loader compares the bytes of the image column with the memory available to it
+(:func:`memory_available`: the smaller of the machine's ``MemAvailable`` and,
+inside a memory cgroup, its limit less the cgroup's own anonymous memory).
+
 Advice never changes what is read: a page dropped from the cache is read back
 from the file if touched again (by this process, or by another one reading the
 same files, which then pays the disk read). Where ``mmap.madvise`` or
@@ -31,10 +37,74 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PageAdvisor"]
+__all__ = ["PageAdvisor", "fits_in_memory", "memory_available"]
 
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 _FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _stat(path: str) -> dict[str, int]:
+    out = {}
+    with open(path) as f:
+        for line in f:
+            key, _, value = line.partition(" ")
+            if value.strip().isdigit():
+                out[key] = int(value)
+    return out
+
+
+def _cgroup_available() -> int | None:
+    """The memory cgroup's limit less its anonymous memory (v1 or v2), or None outside a limited cgroup."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        try:
+            if "memory" in controllers.split(","):  # v1: hierarchical_memory_limit covers the parents' limits
+                stat = _stat(f"/sys/fs/cgroup/memory{path}/memory.stat")
+                limit, anon = stat.get("hierarchical_memory_limit"), stat.get("total_rss", 0)
+                return None if limit is None or limit >= 1 << 60 else max(0, limit - anon)
+            if controllers == "":  # v2: the smallest memory.max on the way up
+                anon = _stat(f"/sys/fs/cgroup{path}/memory.stat").get("anon", 0)
+                limits = []
+                node = path.rstrip("/")
+                while node:
+                    with open(f"/sys/fs/cgroup{node}/memory.max") as f:
+                        text = f.read().strip()
+                    if text.isdigit():
+                        limits.append(int(text))
+                    node = node.rpartition("/")[0]
+                if limits:
+                    return max(0, min(limits) - anon)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def memory_available() -> int | None:
+    """Bytes of memory this process may fill with page cache: the smaller of ``MemAvailable`` and its memory
+    cgroup's limit less the cgroup's anonymous memory; None where neither can be read."""
+    found = [v for v in (_meminfo_available(), _cgroup_available()) if v is not None]
+    return min(found) if found else None
+
+
+def fits_in_memory(nbytes: int) -> bool:
+    """Whether ``nbytes`` of file pages fit the memory available (True where it cannot be told: no advice)."""
+    available = memory_available()
+    return available is None or nbytes <= available
 
 
 def _mapping_of(array: np.ndarray) -> tuple[mmap.mmap, int] | None:

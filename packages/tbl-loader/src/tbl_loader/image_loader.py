@@ -25,7 +25,7 @@ import tbl_format
 
 from . import order, variable_source
 from ._kernels import kernels
-from .advice import PageAdvisor
+from .advice import PageAdvisor, fits_in_memory
 from .batch import Batch, host_indices
 from .cursor import StreamCursor, StreamOptions
 from .fields import FieldReader
@@ -133,7 +133,9 @@ class _ImageSource:
         if self.shards is not None:  # remote: the fetcher downloads the pass's shards in order
             self.shards.schedule(epoch_order.indices)
         elif epoch_order.shuffle == "block":  # local: finished shards leave the page cache (tbl_loader.advice)
-            self.advisor = PageAdvisor(self.images, epoch_order.indices, self.batch_size, self.files)
+            fits = fits_in_memory(sum(seg.nbytes for seg in self.images))  # then they stay for the next epoch
+            self.advisor = None if fits else PageAdvisor(self.images, epoch_order.indices, self.batch_size,
+                                                         self.files)
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
