@@ -6,7 +6,11 @@ One dataset of random uint8 images (``--images`` of ``--size``^2 x 3, shards of
 ``--shard-rows``) is written once; then each configuration runs in its own
 subprocess, in this order, in the same run:
 
-- ``in-RAM``: global shuffle, no memory limit (the dataset stays in the page cache);
+- ``in-RAM``: global shuffle, no memory limit (the dataset stays in the page cache),
+  and ``in-RAM (block)``: ``shuffle="block"``, no limit (the order's own effect);
+- ``disk read, limited``: the disk's own rate in the limit below (every shard
+  file read whole with large ``preadv`` calls, in the block order's shard
+  sequence): what a perfectly sequential reader gets;
 - ``block, limited``: ``shuffle="block"`` inside a cgroup (v1 ``memory`` or v2)
   whose limit (``--limit-mb``, page cache included) is about a quarter of the
   dataset;
@@ -16,8 +20,11 @@ Before each limited run the dataset's pages are dropped from the page cache
 (``posix_fadvise(DONTNEED)`` on its files), so what the child reads comes from
 disk and is charged to its own cgroup. Each child times ``--epochs`` epochs
 (uint8 HWC batches of 128, numpy output, so torch is not loaded; the limit covers the
-process's own memory, about 70 MiB with the batch ring, as well as the page cache)
+process's own memory as well as the page cache; the in-RAM child reports its own)
 and the report gives the median images/s of the epochs after the first.
+``--dataset`` serves an existing dataset instead (e.g. ``tbl convert --max-size 256
+--store jpeg --shard-rows 100``: JPEG bytes decoded per batch, served resized
+and centre-cropped).
 Creating a cgroup needs root; without it the limited runs are reported as
 skipped, not run unlimited.
 """
@@ -130,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit-mb", type=int, default=160)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workdir", default=None, help="where the dataset is written (kept, and reused when there)")
-    ap.add_argument("--skip", default="", help="comma-separated configurations not to run: disk, block, global")
+    ap.add_argument("--skip", default="", help="comma-separated configurations not to run: ram-block, disk, block, global")
     ap.add_argument("--dataset", default=None,
                     help="serve this dataset directory instead of writing random images (e.g. the output of "
                          "tbl convert --max-size 256 --store jpeg --shard-rows 100)")
@@ -164,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     in_ram = _run_child(path, "global", args.epochs, None, transform)
     results["in-RAM (global, no limit)"] = statistics.median(in_ram["rates"][1:])
     print(f"(the in-RAM child's own anonymous memory at the end: {in_ram['rss_anon_mb']:.0f} MiB)")
+    if "ram-block" not in args.skip.split(","):  # the block order's own effect, apart from the limit
+        results["in-RAM (block, no limit)"] = statistics.median(
+            _run_child(path, "block", args.epochs, None, transform)["rates"][1:])
     for label, shuffle in (("disk read, limited", "disk"), ("block, limited", "block"),
                            ("global, limited", "global")):
         if shuffle in args.skip.split(","):
