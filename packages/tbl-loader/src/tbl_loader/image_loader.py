@@ -144,9 +144,8 @@ class _ImageSource:
             self.advisor.batch(plan.number)
         images, labels, rows = self.images, self.labels, ids  # rows: positions in the columns the kernels read
         if self.shards is not None:  # remote: only the mapped columns of this batch's shards are ever read
-            self.shards.prepare_rows(ids)
             leaves = [self.image_key] + ([] if labels is None else [self.label_key])
-            found, rows = self.shards.columns(leaves, ids)
+            found, rows = self.shards.batch_columns(leaves, ids)  # maps them first (prepare_rows)
             images = found[self.image_key]
             labels = None if labels is None else [_label_rows(s) for s in found[self.label_key]]
         if self.verify_rows is not None:

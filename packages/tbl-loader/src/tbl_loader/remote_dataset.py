@@ -100,6 +100,8 @@ class RemoteDataset:
             max_mapped = len(self._entries) if limit is None else max(1, limit // largest)
         self.max_mapped = max(1, int(max_mapped))
         self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
+        self._counts = np.diff(self._starts)
+        self._columns: dict[tuple[int, str], Any] = {}  # (shard, leaf) -> column view of a mapped shard
         self._lock = threading.RLock()
         self._mapped: OrderedDict[int, Any] = OrderedDict()  # shard -> open single-file tbl_format.Dataset
         self._templates: dict[str, np.ndarray] = {}
@@ -125,6 +127,8 @@ class RemoteDataset:
 
     # ---- shards -------------------------------------------------------------------------------------
     def _prefetch(self, k: int) -> None:
+        if k in self._mapped:  # mapped here already: its bytes are at hand, nothing to fetch or lock
+            return
         if self._entries[k]["rows"]:
             self.cache.fetch(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data)
 
@@ -145,16 +149,27 @@ class RemoteDataset:
             if len(self._mapped) <= self.max_mapped:
                 break
             if k not in keep:
+                for leaf in self._meta.leaf_paths:
+                    self._columns.pop((k, leaf), None)
                 self._mapped.pop(k).close()  # the map goes when the last view of it goes
+
+    def _locate(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rows`` as int64, the shard of each, and the shards they touch (ascending)."""
+        ids = np.asarray(rows, dtype=np.int64).reshape(-1)
+        shard = self.shard_of(ids)
+        return ids, shard, np.unique(shard)
+
+    def _prepare(self, used: np.ndarray) -> None:
+        shards = used.tolist()
+        with self._lock:
+            for k in shards:
+                self._map(k)
+            self._unmap_beyond(set(shards))
+        self.fetcher.reached(shards)
 
     def prepare_rows(self, rows: Any) -> None:
         """Map every shard holding ``rows`` (downloading what is not cached); tell the fetcher where we are."""
-        shards = np.unique(self.shard_of(rows))
-        with self._lock:
-            for k in shards.tolist():
-                self._map(int(k))
-            self._unmap_beyond(set(shards.tolist()))
-        self.fetcher.reached(shards.tolist())
+        self._prepare(self._locate(rows)[2])
 
     def schedule(self, indices: Any) -> None:
         """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""
@@ -180,10 +195,13 @@ class RemoteDataset:
     def segment(self, leaf: str, k: int) -> Any:
         """Shard ``k``'s column of fixed-size ``leaf`` (ShardNotMappedError when shard ``k`` is not mapped)."""
         with self._lock:
-            shard = self._mapped.get(k)
-            if shard is None:
-                raise self._not_mapped(k, leaf)
-            return shard.segments(leaf)[0]
+            column = self._columns.get((k, leaf))
+            if column is None:
+                shard = self._mapped.get(k)
+                if shard is None:
+                    raise self._not_mapped(k, leaf)
+                column = self._columns[(k, leaf)] = shard.segments(leaf)[0]
+            return column
 
     def segments(self, leaf: str) -> list[Any]:
         """Every shard's column of ``leaf`` (ShardNotMappedError unless every non-empty shard is mapped)."""
@@ -196,15 +214,24 @@ class RemoteDataset:
         (ascending shard order), and ``rows`` as int64 positions in their concatenation.
 
         ShardNotMappedError when one of those shards is not mapped (``prepare_rows(rows)`` maps them)."""
-        ids = np.asarray(rows, dtype=np.int64).reshape(-1)
-        shard = self.shard_of(ids)
-        used = np.unique(shard)
+        return self._gather(leaves, *self._locate(rows))
+
+    def batch_columns(self, leaves: list[str], rows: Any) -> tuple[dict[str, list[Any]], np.ndarray]:
+        """What a batch does: ``prepare_rows(rows)`` then ``columns(leaves, rows)``, the rows located once."""
+        ids, shard, used = self._locate(rows)
+        self._prepare(used)
+        return self._gather(leaves, ids, shard, used)
+
+    def _gather(self, leaves: list[str], ids: np.ndarray, shard: np.ndarray,
+                used: np.ndarray) -> tuple[dict[str, list[Any]], np.ndarray]:
+        shards = used.tolist()
         with self._lock:
-            found = {leaf: [self.segment(leaf, k) for k in used.tolist()] for leaf in leaves}
-        counts = np.diff(self._starts)[used]
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        local = ids - self._starts[shard] + offsets[np.searchsorted(used, shard)]
-        return found, np.ascontiguousarray(local, dtype=np.int64)
+            found = {leaf: [self.segment(leaf, k) for k in shards] for leaf in leaves}
+        counts = self._counts[used]
+        # Row r of shard k sits at r - starts[k] + (rows of the used shards before k) in the concatenation.
+        shift = np.zeros(self._counts.shape[0], dtype=np.int64)
+        shift[used] = np.cumsum(counts) - counts - self._starts[used]
+        return found, np.ascontiguousarray(ids + shift[shard])
 
     def layout(self) -> _Layout:
         """A stand-in of this dataset for binding columns (shapes, dtypes, rows per shard): see the module
@@ -244,6 +271,7 @@ class RemoteDataset:
         self._closed = True
         self.fetcher.close()
         with self._lock:
+            self._columns.clear()
             for shard in self._mapped.values():
                 shard.close()
             self._mapped.clear()
