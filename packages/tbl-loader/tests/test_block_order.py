@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import make_images, write_dataset
 
+import tbl_format
 from tbl_loader import EpochOrder, ImageLoader, order
 
 SHARDS = [40, 0, 17, 40, 33, 40, 1, 25]
@@ -125,29 +126,36 @@ def test_block_state_refused_by_a_global_shuffle_loader(block_ds):
         b.load_state_dict(state)
 
 
-def test_page_advice_follows_the_block_order(block_ds, monkeypatch):
-    """WILLNEED before a shard's first batch, DONTNEED after its last; the batches are unchanged."""
+def test_page_release_follows_the_block_order(block_ds, monkeypatch):
+    """Each shard leaves the mapping and the page cache right after its last batch; the batches are unchanged."""
     import mmap
+    import os
 
-    from tbl_loader import advice
+    from tbl_loader import advice, image_loader
 
-    if not hasattr(mmap.mmap, "madvise") or advice._WILLNEED is None:
-        pytest.skip("no mmap.madvise on this platform")
+    if not hasattr(mmap.mmap, "madvise") or advice._DONTNEED is None or advice._FADV_DONTNEED is None:
+        pytest.skip("no madvise / posix_fadvise on this platform")
     path, _ = block_ds
-    calls = []
-    real = advice.PageAdvisor._advise
+    calls, fadvised = [], []
+    real_release, real_fadvise = advice.PageAdvisor._release, os.posix_fadvise
 
-    def record(self, k, option):
+    def release(self, k):
         assert self.maps[k] is not None  # the column's mmap was found: the advice reaches the kernel
-        calls.append((self.current, k, option))
-        return real(self, k, option)
+        calls.append((self.current, k))
+        return real_release(self, k)
 
     def batch(self, number, _orig=advice.PageAdvisor.batch):
         self.current = number
         return _orig(self, number)
 
-    monkeypatch.setattr(advice.PageAdvisor, "_advise", record)
+    def fadvise(fd, offset, length, option):
+        fadvised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, option))
+        return real_fadvise(fd, offset, length, option)
+
+    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)  # as if it were several times the RAM
+    monkeypatch.setattr(advice.PageAdvisor, "_release", release)
     monkeypatch.setattr(advice.PageAdvisor, "batch", batch)
+    monkeypatch.setattr(advice.os, "posix_fadvise", fadvise)
     opts = dict(batch_size=8, shuffle="block", seed=2, hflip=0.5)
     got = _run(path, **opts)
     monkeypatch.undo()
@@ -156,12 +164,36 @@ def test_page_advice_follows_the_block_order(block_ds, monkeypatch):
     ids = np.concatenate([i for _, i in got])
     shard_of = np.searchsorted(starts, ids, side="right") - 1
     batch_of = np.arange(ids.size) // 8
+    files = [str(f) for f in tbl_format.open(path).files]
     for k in range(7):
-        first, last = batch_of[shard_of == k].min(), batch_of[shard_of == k].max()
-        need = [n for n, s, o in calls if s == k and o == mmap.MADV_WILLNEED]
-        done = [n for n, s, o in calls if s == k and o == mmap.MADV_DONTNEED]
-        assert len(need) == 1 and first - 2 <= need[0] <= first
+        last = batch_of[shard_of == k].max()
+        done = [n for n, s in calls if s == k]
         assert done == ([] if last == batch_of.max() else [last + 1])
+        dropped = [c for c in fadvised if c[0] == files[k]]
+        assert len(dropped) == len(done)
+        for _, offset, length, option in dropped:  # the page-aligned image column of that file
+            assert option == os.POSIX_FADV_DONTNEED and offset % mmap.PAGESIZE == 0
+            assert length >= int((shard_of == k).sum()) * 8 * 6 * 3
+
+
+def test_a_dataset_that_fits_in_memory_keeps_its_page_cache(block_ds, monkeypatch):
+    """No release when the image column fits the memory available: the next epoch reads it from memory."""
+    from tbl_loader import advice, image_loader
+
+    path, _ = block_ds
+    assert advice.fits_in_memory(1 << 20) and not advice.fits_in_memory(1 << 62)
+    dropped = []
+    monkeypatch.setattr(advice.os, "posix_fadvise", lambda *a: dropped.append(a))
+    monkeypatch.setattr(advice.PageAdvisor, "_release", lambda self, k: dropped.append(k))
+    with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as loader:
+        assert len(list(loader)) == 17
+        assert loader._pipeline.source.advisor is None
+    assert dropped == []
+    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)
+    with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as loader:
+        list(loader)
+        assert loader._pipeline.source.advisor is not None
+    assert dropped and len(set(dropped)) == len(dropped)  # released: each finished shard once
 
 
 def test_block_window_reaches_the_order(block_ds):

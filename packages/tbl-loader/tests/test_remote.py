@@ -116,12 +116,47 @@ def test_evicted_while_mapped_stays_readable(s3_server, local_ds, remote_url, tm
     with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=shard_size,
                        storage_options=s3_server.storage_options, max_mapped=100) as ds:
         ds.prepare_rows([0])
-        view = ds.segments("image")[0]
+        view = ds.segment("image", 0)
         path = ds.local_dir / ds.shard_entries[0]["file"]
         assert path.exists()
         ds.prepare_rows([SHARD_ROWS])  # the next shard: the limit holds one, so shard 0 is unlinked
         assert not path.exists()
         assert np.array_equal(view, local.segments("image")[0])  # still mapped, still the same bytes
+    local.close()
+
+
+def test_a_shard_not_mapped_is_never_read(s3_server, local_ds, remote_url, tmp_path):
+    """Rows of a shard that is not mapped raise ShardNotMappedError naming it; they are never served as zeros."""
+    from tbl_loader import ShardNotMappedError
+    from tbl_loader.remote_dataset import RemoteDataset
+
+    local = tbl_format.open(local_ds)
+    shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
+    with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=2 * shard_size, max_mapped=1,
+                       storage_options=s3_server.storage_options) as ds:
+        rows = np.array([3 * SHARD_ROWS + 5, SHARD_ROWS + 1, 3 * SHARD_ROWS], dtype=np.int64)
+        victim = ds.shard_entries[1]["file"]
+        with pytest.raises(ShardNotMappedError, match=f"{remote_url}{victim}"):
+            ds.columns(["image"], rows)  # nothing prepared: shard 1 (and 3) not mapped
+        ds.prepare_rows(rows)
+        found, local_rows = ds.columns(["image", "label"], rows)
+        column = np.concatenate(found["image"])
+        assert np.array_equal(column[local_rows], np.concatenate(local.segments("image"))[rows])
+        assert np.array_equal(np.concatenate(found["label"])[local_rows], rows * 3)
+        ds.prepare_rows([5 * SHARD_ROWS])  # max_mapped=1: shards 1 and 3 are unmapped now
+        assert 1 not in ds.mapped_shards
+        with pytest.raises(ShardNotMappedError, match=victim):
+            ds.columns(["image"], rows)
+        with pytest.raises(ShardNotMappedError, match=victim):
+            ds.segment("image", 1)
+        with pytest.raises(ShardNotMappedError):
+            ds.segments("image")
+        # The loader's own reads map first: a batch whose shards were unmapped in between is still exact.
+        with ImageLoader(remote_url, batch_size=12, shuffle=True, seed=2, backend="numpy", cache_dir=tmp_path,
+                         cache_limit=2 * shard_size, storage_options=s3_server.storage_options) as remote, \
+                ImageLoader(local_ds, batch_size=12, shuffle=True, seed=2, backend="numpy") as straight:
+            for a, b in zip(remote, straight, strict=True):
+                assert np.array_equal(a.images, b.images) and np.array_equal(a.labels, b.labels)
     local.close()
 
 
@@ -371,7 +406,7 @@ def test_full_cache_disk_is_a_named_error_and_leaves_nothing(s3_server, local_ds
             if p.suffix == ".tbl":
                 tbl_format.open(p, verify=True).close()
         for k in ds.mapped_shards:
-            assert np.array_equal(ds.segments("image")[k], local.segments("image")[k])
+            assert np.array_equal(ds.segment("image", k), local.segments("image")[k])
     local.close()
 
 

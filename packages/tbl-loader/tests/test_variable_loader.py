@@ -636,3 +636,24 @@ def _leaf(tree, path):
     for part in path.split("/"):
         tree = tree[part]
     return tree
+
+
+def test_block_shuffle_serves_variable_jpeg_datasets(jpeg_data, var_images):
+    """shuffle="block" on JPEG storage of variable size: the block order, each sample's exact pixels, and two
+    ranks that split it."""
+    path, blobs = jpeg_data
+    rows = tbl_format.open(path).segment_rows
+    assert len(rows) > 1  # several shards, so the blocks are real
+    with loader(path, 8, hflip=0.5, shuffle="block", block_window=2) as ld:
+        ld.set_epoch(2)
+        got, labels, ids = collect(ld)
+    assert np.array_equal(ids, order.block_permutation(rows, SEED, 2, 2))
+    assert np.array_equal(got, expected(var_images, ids, epoch=2, hflip=0.5, decode=decoder(blobs)))
+    assert np.array_equal(labels, ids * 7)
+    split = []
+    for rank in range(2):
+        with loader(path, 8, hflip=0.5, shuffle="block", block_window=2, rank=rank, world_size=2,
+                    padding="drop") as ld:
+            ld.set_epoch(2)
+            split.append(collect(ld)[2])
+    assert np.array_equal(np.sort(np.concatenate(split)), np.sort(ids[: 2 * (N // 2)]))

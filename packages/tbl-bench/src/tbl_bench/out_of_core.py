@@ -6,7 +6,11 @@ One dataset of random uint8 images (``--images`` of ``--size``^2 x 3, shards of
 ``--shard-rows``) is written once; then each configuration runs in its own
 subprocess, in this order, in the same run:
 
-- ``in-RAM``: global shuffle, no memory limit (the dataset stays in the page cache);
+- ``in-RAM``: global shuffle, no memory limit (the dataset stays in the page cache),
+  and ``in-RAM (block)``: ``shuffle="block"``, no limit (the order's own effect);
+- ``disk read, limited``: the disk's own rate in the limit below (every shard
+  file read whole with large ``preadv`` calls, in the block order's shard
+  sequence): what a perfectly sequential reader gets;
 - ``block, limited``: ``shuffle="block"`` inside a cgroup (v1 ``memory`` or v2)
   whose limit (``--limit-mb``, page cache included) is about a quarter of the
   dataset;
@@ -16,8 +20,11 @@ Before each limited run the dataset's pages are dropped from the page cache
 (``posix_fadvise(DONTNEED)`` on its files), so what the child reads comes from
 disk and is charged to its own cgroup. Each child times ``--epochs`` epochs
 (uint8 HWC batches of 128, numpy output, so torch is not loaded; the limit covers the
-process's own memory, about 70 MiB with the batch ring, as well as the page cache)
+process's own memory as well as the page cache; the in-RAM child reports its own)
 and the report gives the median images/s of the epochs after the first.
+``--dataset`` serves an existing dataset instead (e.g. ``tbl convert --max-size 256
+--store jpeg --shard-rows 100``: JPEG bytes decoded per batch, served resized
+and centre-cropped).
 Creating a cgroup needs root; without it the limited runs are reported as
 skipped, not run unlimited.
 """
@@ -46,16 +53,51 @@ if cgroup != "-":
         os.close(fd)
 from tbl_loader import ImageLoader
 shuffle = "block" if shuffle == "block" else True
+transform = json.loads(sys.argv[5])  # images of variable size: {"resize": R, "center_crop": C}
 rates = []
 with ImageLoader(path, batch_size=128, shuffle=shuffle, seed=0, backend="numpy", dtype="uint8",
-                 layout="HWC") as loader:
+                 layout="HWC", **transform) as loader:
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         t, n = time.perf_counter(), 0
         for batch in loader:
             n += batch.images.shape[0]
         rates.append(n / (time.perf_counter() - t))
-print(json.dumps(rates))
+with open("/proc/self/status") as f:  # the process's own memory, apart from the page cache
+    anon = next((int(line.split()[1]) for line in f if line.startswith("RssAnon:")), 0)
+print(json.dumps({"rates": rates, "rss_anon_mb": anon / 1024}))
+"""
+
+# The disk's own rate in the same limit: every shard file read whole, in the block order's shard sequence,
+# with large positioned reads into one reused buffer (what a perfectly sequential reader gets).
+DISK_CHILD = r"""
+import json, os, sys, time
+path, epochs, cgroup = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+import tbl_format
+from tbl_loader.order import block_shards
+ds = tbl_format.open(path)
+files, rows = [e["file"] for e in ds.shard_entries], ds.segment_rows
+ds.close()
+for name in files:
+    fd = os.open(os.path.join(path, name), os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+buf = bytearray(8 << 20)
+rates = []
+for epoch in range(epochs):
+    t = time.perf_counter()
+    for block in block_shards(rows, 0, epoch):
+        for k in block:
+            fd = os.open(os.path.join(path, files[k]), os.O_RDONLY)
+            offset = 0
+            while (got := os.preadv(fd, [buf], offset)) > 0:
+                offset += got
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    rates.append(sum(rows) / (time.perf_counter() - t))
+print(json.dumps({"rates": rates, "rss_anon_mb": 0}))
 """
 
 
@@ -76,9 +118,14 @@ def _make_cgroup(limit_bytes: int) -> Path | None:
     return None
 
 
-def _run_child(path: Path, shuffle: str, epochs: int, cgroup: Path | None) -> list[float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), shuffle, str(epochs), str(cgroup or "-")],
-                         capture_output=True, text=True, check=True)
+def _run_child(path: Path, shuffle: str, epochs: int, cgroup: Path | None, transform: dict) -> dict:
+    if shuffle == "disk":
+        argv = [sys.executable, "-c", DISK_CHILD, str(path), str(epochs), str(cgroup)]
+    else:
+        argv = [sys.executable, "-c", CHILD, str(path), shuffle, str(epochs), str(cgroup or "-"), json.dumps(transform)]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{shuffle} child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -89,7 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-rows", type=int, default=250)
     ap.add_argument("--limit-mb", type=int, default=160)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--workdir", default=None, help="where the dataset is written (kept, and reused when there)")
+    ap.add_argument("--skip", default="", help="comma-separated configurations not to run: ram-block, disk, block, global")
+    ap.add_argument("--dataset", default=None,
+                    help="serve this dataset directory instead of writing random images (e.g. the output of "
+                         "tbl convert --max-size 256 --store jpeg --shard-rows 100)")
+    ap.add_argument("--resize", type=int, default=256, help="with images of variable size: resize R ...")
+    ap.add_argument("--center-crop", type=int, default=224, help="... then the centred C x C crop")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -97,26 +150,40 @@ def main(argv: list[str] | None = None) -> int:
     import tbl_format
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tbl-ooc-"))
-    path = work / "ds"
-    if not (path / "manifest.json").exists():
+    path = Path(args.dataset) if args.dataset else work / "ds"
+    if args.dataset is None and not (path / "manifest.json").exists():
         rng = np.random.default_rng(0)
         shape = (args.size, args.size, 3)
         samples = ({"image": rng.integers(0, 256, shape, dtype=np.uint8), "label": np.int64(i % 1000)}
                    for i in range(args.images))
         tbl_format.write(samples, path, shard_rows=args.shard_rows)
     data_mb = sum(p.stat().st_size for p in path.iterdir()) / 2**20
-    print(f"dataset: {args.images} images {args.size}x{args.size}x3, {data_mb:.0f} MiB in "
-          f"{len(list(path.glob('*.tbl')))} shards; memory limit {args.limit_mb} MiB "
-          f"({data_mb / args.limit_mb:.1f}x smaller than the dataset)")
+    with tbl_format.open(path) as ds:
+        rows, image = len(ds), ds.schema.leaves["image"]
+    variable = image.kind in ("var_array", "encoded_image")  # tbl convert --max-size: decoded or resized per batch
+    transform = {"resize": args.resize, "center_crop": args.center_crop} if variable else {}
+    what = (f"{image.kind} ({image.format or 'raw'}) images of variable size, served resized to {args.resize} "
+            f"and centre-cropped to {args.center_crop}" if variable else f"images {tuple(image.shape)}")
+    print(f"dataset: {rows} {what}, {data_mb:.0f} MiB in {len(list(path.glob('*.tbl')))} shards; memory limit "
+          f"{args.limit_mb} MiB ({data_mb / args.limit_mb:.1f}x smaller than the dataset), page cache and the "
+          f"process's own memory together")
     results: dict[str, float | None] = {}
-    results["in-RAM (global, no limit)"] = statistics.median(_run_child(path, "global", args.epochs, None)[1:])
-    for label, shuffle in (("block, limited", "block"), ("global, limited", "global")):
+    in_ram = _run_child(path, "global", args.epochs, None, transform)
+    results["in-RAM (global, no limit)"] = statistics.median(in_ram["rates"][1:])
+    print(f"(the in-RAM child's own anonymous memory at the end: {in_ram['rss_anon_mb']:.0f} MiB)")
+    if "ram-block" not in args.skip.split(","):  # the block order's own effect, apart from the limit
+        results["in-RAM (block, no limit)"] = statistics.median(
+            _run_child(path, "block", args.epochs, None, transform)["rates"][1:])
+    for label, shuffle in (("disk read, limited", "disk"), ("block, limited", "block"),
+                           ("global, limited", "global")):
+        if shuffle in args.skip.split(","):
+            continue
         group = _make_cgroup(args.limit_mb << 20)
         if group is None:
             results[label] = None
             continue
         try:
-            results[label] = statistics.median(_run_child(path, shuffle, args.epochs, group)[1:])
+            results[label] = statistics.median(_run_child(path, shuffle, args.epochs, group, transform)["rates"][1:])
         finally:
             for _ in range(50):
                 try:

@@ -1,6 +1,6 @@
-"""Remote serving: cold first epoch and warm second epoch from a loopback S3 server, TBL vs litdata.
+"""Remote serving: cold first epoch and warm epochs after it from a loopback S3 server, TBL vs litdata.
 
-    python -m tbl_bench.remote [--images 4000] [--size 96] [--shard-rows 250]
+    python -m tbl_bench.remote [--images 8000] [--size 96] [--shard-rows 250] [--epochs 8] [--rounds 3]
 
 Needs ``tbl-loader[remote]``, ``moto[server]`` and (for the peer) ``litdata``.
 Starts moto's S3 server on 127.0.0.1, writes the same random uint8 images once
@@ -13,8 +13,14 @@ configuration in its own subprocess with a fresh cache:
 - ``litdata remote``: ``StreamingDataset`` + ``StreamingDataLoader`` on the S3 URL,
   ``shuffle=True`` (its chunk-then-sample shuffle), ``num_workers=0``.
 
-Every configuration yields uint8 HWC batches of 128 and touches every batch;
-epoch 1 is cold (nothing cached); warm is the median of epochs 2 to 4. Images/s.
+Every configuration yields uint8 HWC batches of 128 and touches every batch.
+Each child runs ``--epochs`` epochs: epoch 1 is cold (nothing cached), and
+warm is the images of epochs 2 to ``--epochs`` over their total time (one
+figure over several seconds, not the median of sub-second epochs, which the
+load of a shared machine scatters). The three configurations run one after
+the other in each of ``--rounds`` rounds (interleaved, so a change of the
+machine's load reaches all three); the ratios are taken within a round and
+the report gives each round's and their median. Images/s.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -33,19 +40,19 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 import numpy as np
-kind, where, cache, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-rates = []
+kind, where, cache, opts, epochs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
+rates = []  # (images, seconds) of each epoch
 if kind.startswith("tbl"):
     from tbl_loader import ImageLoader
     extra = {} if kind == "tbl-local" else {"cache_dir": cache, "storage_options": opts["tbl"]}
     loader = ImageLoader(where, batch_size=128, shuffle="block", seed=0, backend="numpy", dtype="uint8",
                          layout="HWC", **extra)
-    for epoch in range(4):
+    for epoch in range(epochs):
         loader.set_epoch(epoch)
         t, n = time.perf_counter(), 0
         for b in loader:
             n += int(np.asarray(b.images)[:, 0, 0, 0].shape[0])
-        rates.append(n / (time.perf_counter() - t))
+        rates.append((n, time.perf_counter() - t))
     loader.close()
 else:
     from litdata import StreamingDataLoader, StreamingDataset
@@ -60,11 +67,11 @@ else:
     lit_downloader._build_obstore_s3_store = with_http
     ds = StreamingDataset(where, cache_dir=cache, shuffle=True, seed=0, storage_options=opts["litdata"])
     dl = StreamingDataLoader(ds, batch_size=128, num_workers=0)
-    for epoch in range(4):
+    for epoch in range(epochs):
         t, n = time.perf_counter(), 0
         for b in dl:
             n += int(np.asarray(b["image"])[:, 0, 0, 0].shape[0])
-        rates.append(n / (time.perf_counter() - t))
+        rates.append((n, time.perf_counter() - t))
 print(json.dumps(rates))
 """
 
@@ -82,12 +89,25 @@ def _litdata_item(item: tuple[str, int]) -> dict:  # module level: litdata's wor
     return {"image": np.array(np.load(path, mmap_mode="r")[i]), "label": i}
 
 
+def _ratios(results: dict) -> str:
+    parts = []
+    if "TBL remote" in results and "litdata remote" in results:
+        parts.append(f"cold TBL/litdata {results['TBL remote'][0] / results['litdata remote'][0]:.2f}x")
+    if "TBL remote" in results and "TBL local" in results:
+        parts.append(f"warm TBL remote/local {results['TBL remote'][1] / results['TBL local'][1]:.2f}x")
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tbl_bench.remote", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--images", type=int, default=4000)
+    ap.add_argument("--images", type=int, default=8000)
     ap.add_argument("--size", type=int, default=96)
     ap.add_argument("--shard-rows", type=int, default=250)
+    ap.add_argument("--epochs", type=int, default=8, help="epochs per child: the first cold, the rest warm")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three configurations, interleaved")
     args = ap.parse_args(argv)
+    if args.epochs < 2 or args.rounds < 1:
+        ap.error("need --epochs >= 2 and --rounds >= 1")
 
     import boto3
     import numpy as np
@@ -125,31 +145,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.images} images {args.size}x{args.size}x3 uint8; TBL {tbl_mb:.0f} MB, litdata {lit_mb:.0f} MB "
               f"on the loopback S3 server")
         opts = json.dumps({"tbl": tbl_opts, "litdata": lit_opts})
-        results = {}
-        for label, kind, where in (("TBL local", "tbl-local", str(tbl_path)),
-                                   ("TBL remote", "tbl-remote", "s3://bench/tbl/"),
-                                   ("litdata remote", "litdata", "s3://bench/lit/")):
-            cache = tempfile.mkdtemp(dir=work, prefix="cache-")
-            env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
-                   "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-                   "AWS_ALLOW_HTTP": "true"}  # litdata's own obstore store reads it (plain-HTTP loopback server)
-            out = subprocess.run([sys.executable, "-c", CHILD, kind, where, cache, opts], capture_output=True,
-                                 text=True, env=env)
-            if out.returncode != 0:
-                print(f"{label}: failed:\n{out.stderr[-3000:]}")
-                continue
-            results[label] = json.loads(out.stdout.strip().splitlines()[-1])
-        results = {label: (rates[0], statistics.median(rates[1:])) for label, rates in results.items()}
-        for label, (cold, warm) in results.items():
-            print(f"{label:16s} cold {cold:9.0f} images/s   warm {warm:9.0f} images/s")
-        if "TBL remote" in results and "litdata remote" in results:
-            print(f"cold TBL/litdata: {results['TBL remote'][0] / results['litdata remote'][0]:.2f}x")
-        if "TBL remote" in results and "TBL local" in results:
-            print(f"warm TBL remote / TBL local: {results['TBL remote'][1] / results['TBL local'][1]:.2f}x")
+        configs = (("TBL local", "tbl-local", str(tbl_path)), ("TBL remote", "tbl-remote", "s3://bench/tbl/"),
+                   ("litdata remote", "litdata", "s3://bench/lit/"))
+        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
+               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ALLOW_HTTP": "true"}  # litdata's own obstore store reads it (plain-HTTP loopback server)
+        rounds = []
+        for number in range(1, args.rounds + 1):
+            results = {}
+            for label, kind, where in configs:
+                cache = tempfile.mkdtemp(dir=work, prefix="cache-")  # fresh: epoch 1 is cold
+                out = subprocess.run([sys.executable, "-c", CHILD, kind, where, cache, opts, str(args.epochs)],
+                                     capture_output=True, text=True, env=env)
+                if out.returncode != 0:
+                    print(f"round {number} {label}: failed:\n{out.stderr[-3000:]}")
+                    continue
+                epochs = json.loads(out.stdout.strip().splitlines()[-1])
+                warm_n, warm_s = sum(n for n, _ in epochs[1:]), sum(t for _, t in epochs[1:])
+                results[label] = (epochs[0][0] / epochs[0][1], warm_n / warm_s, warm_s)
+                shutil.rmtree(cache, ignore_errors=True)
+            rounds.append(results)
+            print(f"round {number}:")
+            for label, (cold, warm, warm_s) in results.items():
+                print(f"  {label:16s} cold {cold:9.0f} images/s   warm {warm:9.0f} images/s "
+                      f"({args.epochs - 1} epochs, {warm_s:.1f} s)")
+            print("  " + _ratios(results))
+        cold_ratio = [r["TBL remote"][0] / r["litdata remote"][0] for r in rounds
+                      if "TBL remote" in r and "litdata remote" in r]
+        warm_ratio = [r["TBL remote"][1] / r["TBL local"][1] for r in rounds if "TBL remote" in r and "TBL local" in r]
+        if cold_ratio:
+            print(f"cold TBL remote / litdata remote: median {statistics.median(cold_ratio):.2f}x over "
+                  f"{len(cold_ratio)} rounds ({', '.join(f'{x:.2f}' for x in cold_ratio)})")
+        if warm_ratio:
+            print(f"warm TBL remote / TBL local: median {statistics.median(warm_ratio):.2f}x over "
+                  f"{len(warm_ratio)} rounds ({', '.join(f'{x:.2f}' for x in warm_ratio)})")
     finally:
         server.stop()
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -36,6 +36,7 @@ from .pytree import (
     collate_identity,
     collate_tensors,
 )
+from .remote_dataset import ShardNotMappedError
 from .ring import RingGrowthWarning
 from .state import StateMismatchError
 from .storage import (
@@ -98,6 +99,7 @@ __all__ = [
     "RemoteUnavailableError",
     "Resumable",
     "RingGrowthWarning",
+    "ShardNotMappedError",
     "SidecarError",
     "SourceError",
     "StateMismatchError",

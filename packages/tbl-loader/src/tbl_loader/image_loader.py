@@ -25,7 +25,7 @@ import tbl_format
 
 from . import order, variable_source
 from ._kernels import kernels
-from .advice import PageAdvisor
+from .advice import PageAdvisor, fits_in_memory
 from .batch import Batch, host_indices
 from .cursor import StreamCursor, StreamOptions
 from .fields import FieldReader
@@ -58,6 +58,10 @@ class _ImageSource:
         self.shards = dataset if callable(getattr(dataset, "prepare_rows", None)) else None
         self.image_key, self.label_key = spec.image_key, spec.label_key
         self.advisor: PageAdvisor | None = None
+        # The files of the non-empty shards, parallel to the image segments (the advisor releases their pages).
+        files, shard_rows = getattr(dataset, "files", None), getattr(dataset, "segment_rows", None)
+        self.files = None if files is None or shard_rows is None else [
+            f for f, r in zip(files, shard_rows, strict=True) if r > 0]
         self.batch_size = batch_size
         self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
         self.fields = fields  # extra leaves (and a label leaf of another kind than int64), or None
@@ -66,6 +70,8 @@ class _ImageSource:
             self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
+        if self.shards is not None:  # a remote dataset's columns come batch by batch (RemoteDataset.columns)
+            self.images, self.labels = [], None if self.labels is None else []
         self.seed = seed
         self.hflip = spec.hflip
         self.crop = spec.random_resized_crop
@@ -126,19 +132,22 @@ class _ImageSource:
     def begin_pass(self, epoch_order: Any) -> None:
         if self.shards is not None:  # remote: the fetcher downloads the pass's shards in order
             self.shards.schedule(epoch_order.indices)
-        elif epoch_order.shuffle == "block":  # local: page-cache advice ahead of the pass (tbl_loader.advice)
-            self.advisor = PageAdvisor(self.images, epoch_order.indices, self.batch_size)
+        elif epoch_order.shuffle == "block":  # local: finished shards leave the page cache (tbl_loader.advice)
+            fits = fits_in_memory(sum(seg.nbytes for seg in self.images))  # then they stay for the next epoch
+            self.advisor = None if fits else PageAdvisor(self.images, epoch_order.indices, self.batch_size,
+                                                         self.files)
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
-        ids = plan.sample_ids
+        ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
         n = ids.shape[0]
         if self.advisor is not None:
             self.advisor.batch(plan.number)
-        if self.shards is not None:
-            self.shards.prepare_rows(ids)
-            self.images = [s for s in self.shards.segments(self.image_key) if s.shape[0] > 0]
-            if self.labels is not None:
-                self.labels = [_label_rows(s) for s in self.shards.segments(self.label_key)]
+        images, labels, rows = self.images, self.labels, ids  # rows: positions in the columns the kernels read
+        if self.shards is not None:  # remote: only the mapped columns of this batch's shards are ever read
+            leaves = [self.image_key] + ([] if labels is None else [self.label_key])
+            found, rows = self.shards.batch_columns(leaves, ids)  # maps them first (prepare_rows)
+            images = found[self.image_key]
+            labels = None if labels is None else [_label_rows(s) for s in found[self.label_key]]
         if self.verify_rows is not None:
             self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
         out = buffers["images"][:n]
@@ -147,20 +156,20 @@ class _ImageSource:
             boxes = order.random_resized_crop_boxes(
                 self.seed, plan.epoch, ids, self.height, self.width, self.crop.scale, self.crop.ratio
             )
-            kernels.gather_crop_resize(self.images, ids, boxes, out, self.table, flip, self.layout)
+            kernels.gather_crop_resize(images, rows, boxes, out, self.table, flip, self.layout)
         elif self.center_box is not None:
-            kernels.gather_crop_resize(self.images, ids, self._center_boxes[:n], out, self.table, flip, self.layout)
+            kernels.gather_crop_resize(images, rows, self._center_boxes[:n], out, self.table, flip, self.layout)
         elif self.table is None:
-            kernels.gather_u8(self.images, ids, out, flip, self.layout)
+            kernels.gather_u8(images, rows, out, flip, self.layout)
         else:
-            kernels.gather_normalize(self.images, ids, out, self.table, flip, self.layout)
+            kernels.gather_normalize(images, rows, out, self.table, flip, self.layout)
         for name, crop, seed, _ in self.extra_views:
             boxes = order.random_resized_crop_boxes(seed, plan.epoch, ids, self.height, self.width, crop.scale,
                                                     crop.ratio)
             flip = order.flip_draws(seed, plan.epoch, ids, self.hflip) if self.hflip else None
-            kernels.gather_crop_resize(self.images, ids, boxes, buffers[name][:n], self.table, flip, self.layout)
-        if self.labels is not None:
-            kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
+            kernels.gather_crop_resize(images, rows, boxes, buffers[name][:n], self.table, flip, self.layout)
+        if labels is not None:
+            kernels.gather_rows(labels, rows, buffers["labels"][:n])
         return None if self.fields is None else self.fields.fill(buffers, ids)
 
 
@@ -286,8 +295,8 @@ class ImageLoader(HostLoader):
                     raise ValueError("several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
                 settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec)}
-            else:
-                columns = spec.bind(dataset, any_label=True)
+            else:  # a remote dataset binds through its layout: shapes only, no shard is read for it
+                columns = spec.bind(dataset.layout() if hasattr(dataset, "layout") else dataset, any_label=True)
                 settings = spec.stream_settings()
             subset = resolve_rows(columns.num_samples, rows, subsample)
             cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,

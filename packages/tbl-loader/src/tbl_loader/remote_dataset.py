@@ -16,13 +16,17 @@ image loader makes on its producer thread:
   the shards in the order they will be needed, ``lookahead`` shards ahead.
 - ``prepare_rows(rows)`` before each batch: every shard holding ``rows`` is
   downloaded (if needed) and mapped, shards no batch needs now are unmapped
-  beyond ``max_mapped``; the returned ``segments`` then hold real columns for
-  every shard the batch reads.
+  beyond ``max_mapped``;
+- ``columns(leaves, rows)`` then: the mapped columns of exactly the shards
+  holding ``rows``, and ``rows`` as positions in their concatenation. That is
+  all a batch's kernel call sees, so a shard that is not mapped is never read:
+  asking for its rows raises :class:`ShardNotMappedError`, and so does
+  ``segments(leaf)`` / ``segment(leaf, k)`` for a shard not mapped.
 
-Shards not mapped appear in ``segments`` as zero-filled placeholders of the
-right shape (anonymous memory that costs no RAM until written, and is never
-read: ``prepare_rows`` maps every shard a batch reads before the batch's
-kernel call). A single ``.tbl`` file at a URL is downloaded whole.
+Binding the image columns (shapes, dtypes, rows per shard) reads no pixel:
+``layout()`` gives a stand-in dataset for it whose columns are address-space-only
+arrays of the right shapes; the loaders never keep them for reading. A single
+``.tbl`` file at a URL is downloaded whole.
 """
 
 from __future__ import annotations
@@ -40,9 +44,16 @@ from .cache import CacheFullError, ShardCache
 from .fetcher import Fetcher
 from .storage import open_store
 
-__all__ = ["RemoteDataset", "materialize", "open_remote"]
+__all__ = ["RemoteDataset", "ShardNotMappedError", "materialize", "open_remote"]
 
 MANIFEST = "manifest.json"
+
+
+class ShardNotMappedError(RuntimeError):
+    """A row of a remote dataset's shard was asked for while that shard is not mapped (``prepare_rows`` first).
+
+    The message names the shard's URL. Never raised by the loaders' own reads (they map first); it is
+    what stops a read from ever seeing anything but the shard's own bytes."""
 
 
 class RemoteDataset:
@@ -63,6 +74,9 @@ class RemoteDataset:
                  storage_options: dict[str, Any] | None = None, verify_data: bool = False,
                  lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None) -> None:
         self.url = url
+        # What another process needs to open the same dataset on the same cache (ImageDataset pickles it).
+        self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
+                        "verify_data": verify_data}
         self.cache = ShardCache(cache_dir, cache_limit)
         self.verify_data = bool(verify_data)
         self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
@@ -86,10 +100,11 @@ class RemoteDataset:
             max_mapped = len(self._entries) if limit is None else max(1, limit // largest)
         self.max_mapped = max(1, int(max_mapped))
         self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
+        self._counts = np.diff(self._starts)
+        self._columns: dict[tuple[int, str], Any] = {}  # (shard, leaf) -> column view of a mapped shard
         self._lock = threading.RLock()
         self._mapped: OrderedDict[int, Any] = OrderedDict()  # shard -> open single-file tbl_format.Dataset
         self._templates: dict[str, np.ndarray] = {}
-        self._placeholders: dict[str, np.ndarray] = {}
         # Downloads ahead stay within what the cache holds besides the shards being read.
         lookahead = min(lookahead, max(0, self.max_mapped - 1))
         self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
@@ -112,6 +127,8 @@ class RemoteDataset:
 
     # ---- shards -------------------------------------------------------------------------------------
     def _prefetch(self, k: int) -> None:
+        if k in self._mapped:  # mapped here already: its bytes are at hand, nothing to fetch or lock
+            return
         if self._entries[k]["rows"]:
             self.cache.fetch(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data)
 
@@ -132,16 +149,27 @@ class RemoteDataset:
             if len(self._mapped) <= self.max_mapped:
                 break
             if k not in keep:
+                for leaf in self._meta.leaf_paths:
+                    self._columns.pop((k, leaf), None)
                 self._mapped.pop(k).close()  # the map goes when the last view of it goes
+
+    def _locate(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rows`` as int64, the shard of each, and the shards they touch (ascending)."""
+        ids = np.asarray(rows, dtype=np.int64).reshape(-1)
+        shard = self.shard_of(ids)
+        return ids, shard, np.unique(shard)
+
+    def _prepare(self, used: np.ndarray) -> None:
+        shards = used.tolist()
+        with self._lock:
+            for k in shards:
+                self._map(k)
+            self._unmap_beyond(set(shards))
+        self.fetcher.reached(shards)
 
     def prepare_rows(self, rows: Any) -> None:
         """Map every shard holding ``rows`` (downloading what is not cached); tell the fetcher where we are."""
-        shards = np.unique(self.shard_of(rows))
-        with self._lock:
-            for k in shards.tolist():
-                self._map(int(k))
-            self._unmap_beyond(set(shards.tolist()))
-        self.fetcher.reached(shards.tolist())
+        self._prepare(self._locate(rows)[2])
 
     def schedule(self, indices: Any) -> None:
         """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""
@@ -160,22 +188,55 @@ class RemoteDataset:
             self._templates[leaf] = template = template[:0]
         return template
 
-    def _placeholder(self, leaf: str, rows: int) -> np.ndarray:
-        template = self._template(leaf)
-        big = self._placeholders.get(leaf)
-        if big is None or big.shape[0] < rows:
-            # np.zeros of a large size is calloc'ed: untouched pages cost address space, not memory.
-            big = self._placeholders[leaf] = np.zeros((max(self._meta.segment_rows), *template.shape[1:]),
-                                                      dtype=template.dtype)
-        return big[:rows]
+    def _not_mapped(self, k: int, leaf: str) -> ShardNotMappedError:
+        return ShardNotMappedError(f"{self.store.where(self._entries[k]['file'])}: leaf {leaf!r} of shard {k} was "
+                                   f"read while the shard is not mapped (prepare_rows(rows) maps it)")
+
+    def segment(self, leaf: str, k: int) -> Any:
+        """Shard ``k``'s column of fixed-size ``leaf`` (ShardNotMappedError when shard ``k`` is not mapped)."""
+        with self._lock:
+            column = self._columns.get((k, leaf))
+            if column is None:
+                shard = self._mapped.get(k)
+                if shard is None:
+                    raise self._not_mapped(k, leaf)
+                column = self._columns[(k, leaf)] = shard.segments(leaf)[0]
+            return column
 
     def segments(self, leaf: str) -> list[Any]:
-        """Column views of fixed-size ``leaf``, one per shard: real for mapped shards, placeholders otherwise."""
-        self._template(leaf)
+        """Every shard's column of ``leaf`` (ShardNotMappedError unless every non-empty shard is mapped)."""
         rows = self._meta.segment_rows
         with self._lock:
-            return [self._mapped[k].segments(leaf)[0] if k in self._mapped else self._placeholder(leaf, rows[k])
-                    for k in range(len(rows))]
+            return [self.segment(leaf, k) if rows[k] else self._template(leaf) for k in range(len(rows))]
+
+    def columns(self, leaves: list[str], rows: Any) -> tuple[dict[str, list[Any]], np.ndarray]:
+        """The columns a batch of ``rows`` reads: for each leaf, the columns of the shards holding ``rows``
+        (ascending shard order), and ``rows`` as int64 positions in their concatenation.
+
+        ShardNotMappedError when one of those shards is not mapped (``prepare_rows(rows)`` maps them)."""
+        return self._gather(leaves, *self._locate(rows))
+
+    def batch_columns(self, leaves: list[str], rows: Any) -> tuple[dict[str, list[Any]], np.ndarray]:
+        """What a batch does: ``prepare_rows(rows)`` then ``columns(leaves, rows)``, the rows located once."""
+        ids, shard, used = self._locate(rows)
+        self._prepare(used)
+        return self._gather(leaves, ids, shard, used)
+
+    def _gather(self, leaves: list[str], ids: np.ndarray, shard: np.ndarray,
+                used: np.ndarray) -> tuple[dict[str, list[Any]], np.ndarray]:
+        shards = used.tolist()
+        with self._lock:
+            found = {leaf: [self.segment(leaf, k) for k in shards] for leaf in leaves}
+        counts = self._counts[used]
+        # Row r of shard k sits at r - starts[k] + (rows of the used shards before k) in the concatenation.
+        shift = np.zeros(self._counts.shape[0], dtype=np.int64)
+        shift[used] = np.cumsum(counts) - counts - self._starts[used]
+        return found, np.ascontiguousarray(ids + shift[shard])
+
+    def layout(self) -> _Layout:
+        """A stand-in of this dataset for binding columns (shapes, dtypes, rows per shard): see the module
+        docstring. Its arrays are never read for samples."""
+        return _Layout(self)
 
     def verify_rows(self, rows: list[int], leaves: list[str] | None = None) -> None:
         """``tbl_format.Dataset.verify_rows`` shard by shard (the shards are mapped first)."""
@@ -210,6 +271,7 @@ class RemoteDataset:
         self._closed = True
         self.fetcher.close()
         with self._lock:
+            self._columns.clear()
             for shard in self._mapped.values():
                 shard.close()
             self._mapped.clear()
@@ -220,6 +282,22 @@ class RemoteDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Layout:
+    """A remote dataset's schema, leaves and column shapes, for ``ImageSpec.bind``: each shard's column is an
+    array of the right shape and dtype made by ``np.zeros`` (calloc: address space, no memory), never read.
+    The loaders read a remote dataset through ``RemoteDataset.columns`` only."""
+
+    def __init__(self, remote: RemoteDataset) -> None:
+        self.leaf_paths = remote.leaf_paths
+        self.schema = remote.schema
+        self.metadata = remote.metadata
+        self._remote = remote
+
+    def segments(self, leaf: str) -> list[np.ndarray]:
+        template = self._remote._template(leaf)
+        return [np.zeros((rows, *template.shape[1:]), dtype=template.dtype) for rows in self._remote.segment_rows]
 
 
 def _file_list(name: str) -> bytes:

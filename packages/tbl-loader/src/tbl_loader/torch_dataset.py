@@ -25,6 +25,13 @@ torch's default collate also works (it stacks ``ds[i]`` pairs row by row).
 Processes: pickling keeps the path, the options and the dataset's fingerprint;
 the copy opens the dataset on first use and raises
 ``tbl_format.DatasetChangedError`` if it changed meanwhile.
+
+URLs (``s3://bucket/prefix/``, ``gs://``, ``az://``, ``http(s)://``; needs
+``tbl-loader[remote]``): each process opens a
+:class:`~tbl_loader.remote_dataset.RemoteDataset` on the same ``cache_dir``
+(the shard cache the loader uses: checked downloads under a per-shard file
+lock, so the node's processes, DataLoader workers and ranks alike, download
+each shard once), and a batch maps the shards it reads before reading them.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from .image_spec import ImageSpec
 from .order import BatchPlan
 from .output import OutputSpec
 from .pytree_dataset import CollatedBatch, as_indices
+from .storage import is_url
 from .subset import resolve_rows
 
 __all__ = ["EpochBatch", "EpochBatchSampler", "ImageDataset"]
@@ -86,15 +94,19 @@ class ImageDataset:
     ``label_key``), or ``spec``: an :class:`~tbl_loader.ImageSpec` holding them. ``fields``,
     ``var``, ``seed``,
     ``rows``, ``subsample``, ``backend`` as in ImageLoader; ``epoch``: the epoch whose
-    draws plain position lists get.
+    draws plain position lists get. ``path`` may be a URL: ``cache_dir``, ``cache_limit``
+    and ``storage_options`` as in ImageLoader (see the module docstring).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, seed: int = 0, rows: Any = None,
                  subsample: float | None = None, backend: str | None = None, epoch: int = 0,
-                 spec: ImageSpec | None = None, fields: Any = (), var: str = "list", **image_options: Any) -> None:
+                 spec: ImageSpec | None = None, fields: Any = (), var: str = "list", cache_dir: Any = None,
+                 cache_limit: Any = None, storage_options: dict[str, Any] | None = None,
+                 **image_options: Any) -> None:
         if spec is not None and image_options:
             raise TypeError(f"pass spec= or image options, not both (got {sorted(image_options)})")
         self.path = path
+        self.remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options}
         self.spec = spec if spec is not None else ImageSpec(**image_options)
         self.seed = int(seed)
         self.fields, self.var = tuple(fields), var
@@ -113,8 +125,12 @@ class ImageDataset:
     @classmethod
     def from_loader(cls, loader: Any) -> ImageDataset:
         """The map-style twin of an ImageLoader: its dataset, image settings, seed, subset and backend."""
-        ds = cls(loader.dataset.path, seed=loader.seed, backend=loader.output.backend, epoch=loader.epoch,
-                 spec=loader.spec, fields=loader.fields, var=loader.var)
+        remote = getattr(loader.dataset, "url", None)  # a URL the loader streams through the shard cache
+        where = {} if remote is None else {k: loader.dataset.options[k]
+                                           for k in ("cache_dir", "cache_limit", "storage_options")}
+        ds = cls(loader.dataset.path if remote is None else remote, seed=loader.seed,
+                 backend=loader.output.backend, epoch=loader.epoch, spec=loader.spec, fields=loader.fields,
+                 var=loader.var, **where)
         ds.rows = loader.cursor.rows
         ds._len = loader.num_samples
         return ds
@@ -122,21 +138,43 @@ class ImageDataset:
     # ---- opening --------------------------------------------------------------------------------
     def _ensure(self) -> tuple[Any, _ImageSource]:
         if self._state is None:
-            dataset = tbl_format.open(self.path)
+            dataset = self._open()
             try:
                 expected = getattr(self, "fingerprint", None)
                 if expected is not None and dataset.fingerprint != expected:
                     raise tbl_format.DatasetChangedError(
                         f"{self.path}: the dataset changed since this ImageDataset was created")
-                columns = self.spec.bind(dataset, any_label=True)
+                layout = dataset.layout() if hasattr(dataset, "layout") else dataset  # remote: shapes only
+                columns = self.spec.bind(layout, any_label=True)
                 paths = _field_paths(self.fields, self.spec, columns)
                 reader = FieldReader(dataset, paths, self.var) if paths else None
             except BaseException:
                 dataset.close()
                 raise
             self._source_rows = columns.num_samples
-            self._state = (dataset, _ImageSource(columns, self.spec, self.seed, fields=reader))
+            self._state = (dataset, _ImageSource(columns, self.spec, self.seed, fields=reader, dataset=dataset))
         return self._state
+
+    def _open(self) -> Any:
+        if not is_url(self.path):
+            return tbl_format.open(self.path)
+        from .remote_dataset import RemoteDataset
+
+        remote = RemoteDataset(self.path, **self.remote_options)
+        if not self.fields:
+            return remote
+        # Extra fields are read through heaps, which a streaming remote dataset does not map: the whole
+        # dataset is cached first (CacheFullError if cache_limit cannot hold it) and read as the local copy,
+        # as ImageLoader does.
+        try:
+            return tbl_format.open(remote.ensure_all())
+        finally:
+            remote.close()
+
+    @property
+    def dataset(self) -> Any:
+        """The open dataset (a ``tbl_format.Dataset``, or a RemoteDataset for a URL); opened if needed."""
+        return self._ensure()[0]
 
     def close(self) -> None:
         """Unmap the dataset; the next access maps it again."""

@@ -1,0 +1,74 @@
+"""2 ranks x 2 torch DataLoader workers over one shard cache, against a real S3 server on 127.0.0.1 (moto).
+
+Two spawned rank processes (world_size=2) each serve an s3:// dataset through ImageDataset +
+EpochBatchSampler + ``DataLoader(num_workers=2, multiprocessing_context="spawn")``; the six processes of the
+node (two ranks, four workers) share one ``cache_dir``. Every sample comes exactly once per epoch, each rank's
+batches are the local ImageLoader's for that rank, the images are the local rows, and each shard is
+downloaded once on the node.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import numpy as np
+import pytest
+from conftest import make_images, write_dataset
+
+from tbl_loader import ImageLoader
+
+N = 96
+SHARD_ROWS = 12  # 8 shards
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def local_ds(tmp_path_factory):
+    images = make_images(N, (10, 8, 3), seed=7)
+    labels = np.arange(N, dtype=np.int64) * 5
+    return write_dataset(tmp_path_factory.mktemp("ranks") / "ds", images, labels, shard_rows=SHARD_ROWS), images
+
+
+def test_two_ranks_two_dataloader_workers_share_one_cache(s3_server, local_ds, tmp_path):
+    pytest.importorskip("torch")
+    import remote_ranks
+
+    from tbl_loader.upload import upload_dataset
+
+    path, rows = local_ds
+    url = f"s3://{s3_server.new_bucket()}/ds/"
+    upload_dataset(path, url, storage_options=s3_server.storage_options)
+    cache = tmp_path / "cache"
+    spawn = multiprocessing.get_context("spawn")
+    outs = [str(tmp_path / f"rank{rank}") for rank in range(2)]
+    ranks = [spawn.Process(target=remote_ranks.run_rank,
+                           args=(rank, url, str(cache), s3_server.storage_options, EPOCHS, outs[rank]))
+             for rank in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=600)
+        assert p.exitcode == 0
+    got = [dict(np.load(out + ".npz")) for out in outs]
+    info = [json.loads(open(out + ".json").read()) for out in outs]
+    per_epoch = N // 2 // 8  # batches per rank per epoch
+    for epoch in range(EPOCHS):
+        seen = np.concatenate([g["indices"][epoch * per_epoch:(epoch + 1) * per_epoch].reshape(-1) for g in got])
+        assert np.array_equal(np.sort(seen), np.arange(N))  # every sample exactly once in the epoch
+    for rank, g in enumerate(got):
+        with ImageLoader(path, batch_size=8, shuffle="block", seed=3, rank=rank, world_size=2, padding="drop",
+                         backend="numpy", dtype="uint8", layout="HWC") as local:
+            expected = []
+            for epoch in range(EPOCHS):
+                local.set_epoch(epoch)
+                expected += [(np.asarray(b.indices), np.asarray(b.images), np.asarray(b.labels)) for b in local]
+        assert len(expected) == g["indices"].shape[0]
+        for k, (ids, images, labels) in enumerate(expected):
+            assert np.array_equal(g["indices"][k], ids)  # the loader's own epoch order, batch for batch
+            assert np.array_equal(g["images"][k], images) and np.array_equal(g["labels"][k], labels)
+            assert np.array_equal(g["images"][k], rows[ids])  # the local dataset's rows, bit for bit
+            assert np.array_equal(g["labels"][k], ids * 5)
+    assert all(i["workers"] == [0, 1] for i in info)  # both workers of each rank served batches
+    # Each shard was downloaded once on the node: over the two ranks' processes and their four workers.
+    assert sum(sum(i["downloads"].values()) for i in info) == N // SHARD_ROWS
