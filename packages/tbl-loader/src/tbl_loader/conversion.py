@@ -31,10 +31,16 @@ Parallelism and memory
 ----------------------
 Worker processes (``forkserver`` on Linux, ``spawn`` elsewhere: the parent
 may run threads, which fork does not survive) read their own bytes (files by
-path, TAR members by offset with ``pread``), decode and resize, and return raw
-pixels. The parent keeps at most ``4 * workers`` chunks in flight and writes
-results in order, so memory stays bounded whatever the dataset size (about
-16 MiB of decoded pixels in flight per worker).
+path, TAR members by offset with ``pread``), decode and resize. With ``size``
+into one file (no ``shard_rows`` / ``shards``, ``keep_path`` or ``sidecar``),
+each worker writes the pixels of image i straight into slot i of the output's
+temp file (`tbl_format.PlacedWriter`): every image is written once, and the
+parent only commits rows in order (labels, checksums) and moves later rows
+down over a skipped image's slot. Otherwise workers return raw pixels and the
+parent writes them in order through `tbl_format.Writer`. The parent keeps at
+most ``4 * workers`` chunks in flight, so memory stays bounded whatever the
+dataset size (about 16 MiB of decoded pixels in flight per worker when they
+travel back). The fork server starts while the source is listed.
 ``workers=1`` runs in the calling process with the same code. As with any
 ``spawn``/``forkserver`` pool, a script calling `convert` with workers > 1
 needs the usual ``if __name__ == "__main__":`` guard.
@@ -101,7 +107,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
-from multiprocessing import resource_tracker
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -431,6 +437,15 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+def _start_forkserver() -> None:
+    """Start the fork server now (it returns at once; the server imports this module in the background), so
+    that its start-up overlaps the source listing instead of delaying the first worker after it."""
+    ctx = _mp_context()
+    if ctx.get_start_method() == "forkserver":
+        with _sigint_deferred():
+            forkserver.ensure_running()
+
+
 @contextmanager
 def _sigint_deferred() -> Iterator[None]:
     """Ctrl-C held back while the pool starts its processes, then raised as KeyboardInterrupt.
@@ -741,6 +756,8 @@ def convert(
         dst_path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
+    if workers > 1:
+        _start_forkserver()  # it imports the decoder on another core while this one lists the source
     with open_source(src, label_file=label_file, scratch_dir=dst_path.parent) as listing:
         n_all = len(listing)
         start, stop = part_range(n_all, part_t)
