@@ -113,6 +113,11 @@ def test_kernels_ratios():
     assert r["224: float32 2t vs 1t"] == pytest.approx(1.5)
     assert r["crop float32 2t vs 1t"] == pytest.approx(1.5)
     assert not any(k.startswith("160") for k in r)
+    halves = {"tbl-160-float16-1t": _ok(1000.0), "tbl-160-bfloat16-1t": _ok(970.0),
+              "tbl-160-float16-2t": _ok(2000.0), "tbl-160-bfloat16-2t": _ok(2100.0)}
+    r = kernels_suite.ratios(halves)  # without the float32 configurations (--only), these ratios still come
+    assert r == {"160: bfloat16 vs float16 images/s (1t)": pytest.approx(0.97),
+                 "160: bfloat16 vs float16 images/s (2t)": pytest.approx(1.05)}
 
 
 def test_images_peers_are_every_tool_users_pick_on_the_same_data(tmp_path):
@@ -177,3 +182,19 @@ def test_fields_cost_runs_the_images_suites_pair_on_a_converted_dataset(tmp_path
     assert len(doc["ratios"]) == 1 and doc["ratios"][0] > 0
     with tbl_format.open(tmp_path / "data" / "src-fields.tbl") as ds:  # the copy the pair reads
         assert set(images.FIELDS) <= set(ds.leaf_paths) and len(ds) == 96
+
+
+def test_convert_configurations_and_ratios(tmp_path):
+    from tbl_bench.suites import convert as convert_suite
+
+    configs = {c.name: c for c in convert_suite.configurations(_ctx(tmp_path, peers=True))}
+    assert set(configs) == {"decode-limit", "tbl", "turboloader", "litdata", "ffcv-raw", "ffcv-jpg"}
+    assert configs["decode-limit"].role == "ceiling" and configs["tbl"].role == "subject"
+    cores = convert_suite.usable_cores()
+    assert all(c.params["workers"] == cores and c.params["size"] == 32 for c in configs.values())
+    assert "peer test" in configs["ffcv-raw"].skip and configs["ffcv-jpg"].params["write_mode"] == "jpg"
+    results = {"tbl": _ok(900.0), "decode-limit": _ok(1000.0), "turboloader": _ok(300.0), "ffcv-raw": _ok(450.0)}
+    assert convert_suite.ratios(results) == {"tbl vs decode-limit": pytest.approx(0.9),
+                                             "tbl vs turboloader": pytest.approx(3.0),
+                                             "tbl vs ffcv-raw": pytest.approx(2.0)}
+    assert convert_suite.ratios({"decode-limit": _ok(1.0)}) == {}

@@ -46,7 +46,7 @@ def test_bad_data_is_refused(tmp_path, tar, capsys):
     assert main(["images", "--data", str(tmp_path / "junk.bin"), "--out", str(tmp_path / "o")]) == 2
     assert "neither a JPEG TAR nor a .tbl dataset" in capsys.readouterr().err
     assert main(["kernels", "--data", str(tar)]) == 2
-    assert "--data works with the suites images, pytree_read, not kernels" in capsys.readouterr().err
+    assert "--data works with the suites convert, images, pytree_read, not kernels" in capsys.readouterr().err
     assert main(["images", "--data", str(tar), "--batch-size", "0"]) == 2
     assert "batch size must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -108,3 +108,27 @@ def test_images_on_a_users_tbl_and_pytree_read_on_their_rows(tmp_path, tar, rows
     assert [r["name"] for r in rows] == ["tbl/iter", "tbl/item", "tbl/batch-all"]
     assert all(r["status"] == "ok" and r["throughput"] > 0 for r in rows)
     assert rows[2]["params"]["batch_size"] == 50
+
+
+def test_convert_on_a_users_tar_against_the_decode_limit(tmp_path, tar):
+    proc = _bench("convert", "--data", tar, "--image-size", 24, "--quick", "--json", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["suites"]["convert"]}
+    assert set(rows) == {"decode-limit", "tbl"}
+    assert rows["decode-limit"]["role"] == "ceiling" and rows["tbl"]["role"] == "subject"
+    for r in rows.values():
+        assert r["status"] == "ok", (r["name"], r["reason"])
+        assert r["params"]["size"] == 24 and r["params"]["tar"] == str(tar)
+    assert rows["tbl"]["params"]["count"] == 40 and rows["tbl"]["vs_ceiling"] > 0
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["items_per_epoch"] for r in doc["suites"]["convert"]["results"]] == [40, 40]
+    assert set(doc["suites"]["convert"]["ratios"]) == {"tbl vs decode-limit"}
+
+
+def test_convert_refuses_a_converted_tbl(tmp_path, tar):
+    from tbl_loader import convert
+
+    tbl = tmp_path / "mine.tbl"
+    assert convert(tar, tbl, 24, mode="squash", report=False, progress=False).status == "ok"
+    proc = _bench("convert", "--data", tbl, "--quick", "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "the convert suite converts a JPEG TAR" in proc.stderr

@@ -180,6 +180,29 @@ def test_corrupt_skip_lists_them(tmp_path: Path, corrupt_tree: Path, imagenet_fi
     assert "bad_truncated.jpg" in rep.summary()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_skip_file_equals_the_streaming_writers(tmp_path: Path, imagenet_files: dict[str, bytes], workers: int) -> None:
+    # Images are written in place by their decoders; bad ones (the last one included) leave no hole, and the
+    # file is byte for byte the one tbl_format.Writer writes from the same rows, schema and metadata.
+    files = dict(imagenet_files)
+    files["n0001_cat/bad_text.jpg"] = b"this is not a JPEG"
+    files["n0003_dog/zzz_bad_last.jpg"] = truncated_jpeg()
+    tar = write_tar(tmp_path / "src.tar", files)
+    rep = convert(tar, tmp_path / "out.tbl", S, on_error="skip", workers=workers, progress=False)
+    assert rep.failed == 2 and rep.written == 21
+    images, labels, meta = read_back(tmp_path / "out.tbl")
+    want_images, want_labels = expected(imagenet_files)
+    assert np.array_equal(images, want_images) and np.array_equal(labels, want_labels)
+    ds = tbl_format.open(tmp_path / "out.tbl")
+    schema = ds.schema
+    ds.close()
+    with tbl_format.Writer(tmp_path / "streamed.tbl", schema, metadata=meta) as w:
+        for image, label in zip(images, labels.tolist(), strict=True):
+            w.write({"image": image, "label": label})
+    assert (tmp_path / "out.tbl").read_bytes() == (tmp_path / "streamed.tbl").read_bytes()
+    assert leftovers(tmp_path) == []
+
+
 def test_interrupt_leaves_nothing(tmp_path: Path, imagenet_files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     # the package exports the function `convert`, which hides the submodule attribute of the same name
     conv = importlib.import_module("tbl_loader.conversion")

@@ -324,13 +324,25 @@ def small_mount(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_full_disk_publishes_nothing(tmp_path: Path, small_mount: Path) -> None:
-    root = good_tree(tmp_path / "src", per_class=20)
-    dst = small_mount / "big.tbl"  # 40 images of 128 x 128 x 3: about 2 MiB, more than the mount holds
+    root = good_tree(tmp_path / "src", per_class=30)
+    dst = small_mount / "big.tbl"  # 60 images of 128 x 128 x 3: about 3 MiB, more than the mount holds
     r = run_cli(str(root), str(dst), "--size", "128", "--workers", "1", "--quiet")
     # the writer's free-space check refuses it up front, or the disk fills: either way one line, code 3
     assert r.returncode == 3 and len(error_lines(r.stderr)) == 1, r.stderr
     assert "No space left" in r.stderr or str(small_mount) in r.stderr
     assert not dst.exists() and hidden(small_mount) == []
+
+
+def test_fixed_size_conversion_needs_the_file_size_once(tmp_path: Path, small_mount: Path) -> None:
+    # 30 images of 128 x 128 x 3 (1.4 MiB) on a 2 MiB mount: each image is written once, in its place in the
+    # output, so the file fits; temp columns assembled into the file would need its size twice (2.8 MiB).
+    root = good_tree(tmp_path / "src", per_class=15)
+    for workers in ("1", "2"):
+        dst = small_mount / f"fits-{workers}.tbl"
+        r = run_cli(str(root), str(dst), "--size", "128", "--workers", workers, "--quiet")
+        assert r.returncode == 0, r.stderr
+        assert rows(dst) == 30 and hidden(small_mount) == []
+        dst.unlink()
 
 
 def test_unwritable_report_publishes_the_dataset(tmp_path: Path, small_mount: Path) -> None:

@@ -1,4 +1,4 @@
-"""Benchmarks on the user's own dataset: `tbl bench images --data PATH` (and `pytree_read --data PATH`).
+"""Benchmarks on the user's own dataset: `tbl bench images --data PATH` (and `pytree_read`, `convert`).
 
 The generated photos say how TBL compares on one machine; a user wants to know
 what their data, with their batch size, image size, dtype and thread count,
@@ -15,7 +15,9 @@ What PATH may be:
 - a converted image `.tbl` (file or shard directory with an `image` leaf):
   served at its stored size (crop to `image_size`); there are no JPEGs, so the
   PIL baseline is reported as skipped, with that reason;
-- for `pytree_read`, any `.tbl`: iterated, read by index and by batches.
+- for `pytree_read`, any `.tbl`: iterated, read by index and by batches;
+- for `convert`, an ImageNet-layout TAR of JPEGs: converted at `image_size`
+  by TBL and the peers, against the decode limit on the same images.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ __all__ = [
     "summary",
 ]
 
-USER_DATA_SUITES = ("images", "pytree_read")
+USER_DATA_SUITES = ("convert", "images", "pytree_read")
 DTYPES = ("float32", "float16", "bfloat16", "uint8")
 KINDS = ("image-tar", "image-tbl", "pytree-tbl")
 

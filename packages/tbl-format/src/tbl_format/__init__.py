@@ -39,6 +39,7 @@ from .kinds import KINDS, Kind
 from .layout import FORMAT_VERSION
 from .manifest import merge_manifests
 from .parallel import write_parallel
+from .placed import PlacedWriter
 from .schema import LEAF_KINDS, Leaf, Schema, infer_schema
 from .writer import METADATA_DEPTH, Writer, write
 
@@ -73,6 +74,7 @@ __all__ = [
     "MissingShardError",
     "NotRegularFileError",
     "OffsetsError",
+    "PlacedWriter",
     "RegionAlignmentError",
     "RegionBoundsError",
     "Schema",

@@ -223,12 +223,12 @@ def append_fast(sample, idx):
         crc = zlib.crc32(header, zlib.crc32(head))
         preamble = PREAMBLE.pack(MAGIC, *version, len(header), file_size, crc, 0)
         # The spill files still hold every byte until the file is assembled: it needs its whole size again.
-        ensure_space(self.tmp.parent, file_size, f"assembling {self.final.name}")
-        fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        ensure_space(self.tmp.parent, self._assembly_space(file_size), f"assembling {self.final.name}")
+        fd = self._open_output()
         try:
             os.pwrite(fd, preamble + header, 0)
             for src, off in places:
-                copy_into(src, fd, off)
+                self._copy(src, fd, off)
             os.ftruncate(fd, file_size)
             os.fsync(fd)
         finally:
@@ -236,7 +236,17 @@ def append_fast(sample, idx):
         self._drop_spills()
         return self.tmp, crc, file_size
 
-    def _header(self, parts: list[Any], table: Bytes, data_start: int) -> tuple[bytes, list[Any], int]:
+    # Assembly hooks (PlacedWriter's file writer overrides them: its temp file exists and holds a region already).
+    def _open_output(self) -> int:
+        return os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def _assembly_space(self, file_size: int) -> int:
+        return file_size
+
+    def _copy(self, src: Any, fd: int, off: int) -> None:
+        copy_into(src, fd, off)
+
+    def _header(self, parts: list[Any], table: Any, data_start: int) -> tuple[bytes, list[Any], int]:
         pos = data_start
         block = 0
         places = []

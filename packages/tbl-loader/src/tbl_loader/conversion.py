@@ -31,10 +31,16 @@ Parallelism and memory
 ----------------------
 Worker processes (``forkserver`` on Linux, ``spawn`` elsewhere: the parent
 may run threads, which fork does not survive) read their own bytes (files by
-path, TAR members by offset with ``pread``), decode and resize, and return raw
-pixels. The parent keeps at most ``4 * workers`` chunks in flight and writes
-results in order, so memory stays bounded whatever the dataset size (about
-16 MiB of decoded pixels in flight per worker).
+path, TAR members by offset with ``pread``), decode and resize. With ``size``
+into one file (no ``shard_rows`` / ``shards``, ``keep_path`` or ``sidecar``),
+each worker writes the pixels of image i straight into slot i of the output's
+temp file (`tbl_format.PlacedWriter`): every image is written once, and the
+parent only commits rows in order (labels, checksums) and moves later rows
+down over a skipped image's slot. Otherwise workers return raw pixels and the
+parent writes them in order through `tbl_format.Writer`. The parent keeps at
+most ``4 * workers`` chunks in flight, so memory stays bounded whatever the
+dataset size (about 16 MiB of decoded pixels in flight per worker when they
+travel back). The fork server starts while the source is listed.
 ``workers=1`` runs in the calling process with the same code. As with any
 ``spawn``/``forkserver`` pool, a script calling `convert` with workers > 1
 needs the usual ``if __name__ == "__main__":`` guard.
@@ -101,7 +107,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
-from multiprocessing import resource_tracker
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -273,13 +279,32 @@ class _FixedRecipe:
 Recipe = _FixedRecipe | VariableRecipe
 
 
-class _Decoder:
-    """Reads and preprocesses samples; one per worker process (or in-process for workers=1)."""
+@dataclass(frozen=True)
+class _Placement:
+    """Where prepared pixels go when they are written in place: slot i at ``base + i * row_bytes`` of ``path``
+    (the output's temp file, see `tbl_format.PlacedWriter`)."""
 
-    def __init__(self, tar_path: str | None, max_bytes: int, recipe: Recipe) -> None:
+    path: str
+    base: int
+    row_bytes: int
+
+
+class _Decoder:
+    """Reads and preprocesses samples; one per worker process (or in-process for workers=1).
+
+    With a placement, prepared pixels are written straight into the output file and only the
+    error (or None) goes back to the parent; otherwise the pixels themselves go back.
+    """
+
+    def __init__(self, tar_path: str | None, max_bytes: int, recipe: Recipe,
+                 placement: _Placement | None = None) -> None:
+        self.out_fd = -1
         self.tar = TarReader(tar_path, max_bytes) if tar_path is not None else None
         self.max_bytes = max_bytes
         self.recipe = recipe
+        self.placement = placement
+        if placement is not None:
+            self.out_fd = os.open(placement.path, os.O_WRONLY)
 
     def one(self, locator: Locator) -> tuple[Any, str | None]:
         try:
@@ -294,24 +319,45 @@ class _Decoder:
         except Exception as e:  # one bad file must not stop the others; it is reported by name
             return None, f"{type(e).__name__}: {e}"
 
-    def chunk(self, locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
+    def place(self, slot: int, locator: Locator) -> tuple[None, str | None]:
+        """Prepare one image and write its pixels at its slot; (None, error message or None).
+
+        A bad image is an error message; a failed write (a full disk) raises: it fails the conversion.
+        """
+        prepared, err = self.one(locator)
+        if err is None:
+            assert self.placement is not None
+            view = memoryview(prepared)
+            at = self.placement.base + slot * self.placement.row_bytes
+            while view:
+                n = os.pwrite(self.out_fd, view, at)
+                view, at = view[n:], at + n
+        return None, err
+
+    def chunk(self, start: int, locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
+        if self.placement is not None:
+            return [self.place(start + k, loc) for k, loc in enumerate(locators)]
         return [self.one(loc) for loc in locators]
 
     def close(self) -> None:
         if self.tar is not None:
             self.tar.close()
+        if self.out_fd >= 0:
+            os.close(self.out_fd)
+            self.out_fd = -1
 
 
 _WORKER: _Decoder | None = None
 
 
-def _init_worker(parent_pid: int, tar_path: str | None, max_bytes: int, recipe: Recipe) -> None:
+def _init_worker(parent_pid: int, tar_path: str | None, max_bytes: int, recipe: Recipe,
+                 placement: _Placement | None) -> None:
     global _WORKER
     # Ctrl-C reaches the whole process group: only the parent acts on it (it aborts the writer and
     # stops the pool); a worker finishes its chunk instead of dying with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with(parent_pid)
-    _WORKER = _Decoder(tar_path, max_bytes, recipe)
+    _WORKER = _Decoder(tar_path, max_bytes, recipe, placement)
 
 
 def _die_with(parent_pid: int) -> None:
@@ -351,9 +397,9 @@ def _exit_when_gone(pid: int, pidfd: int | None) -> None:
     os._exit(1)
 
 
-def _worker_chunk(locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
+def _worker_chunk(start: int, locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
     assert _WORKER is not None, "worker not initialised"
-    return _WORKER.chunk(locators)
+    return _WORKER.chunk(start, locators)
 
 
 # ---------------------------------------------------------------- parent side
@@ -399,6 +445,15 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+def _start_forkserver() -> None:
+    """Start the fork server now (it returns at once; the server imports this module in the background), so
+    that its start-up overlaps the source listing instead of delaying the first worker after it."""
+    ctx = _mp_context()
+    if ctx.get_start_method() == "forkserver":
+        with _sigint_deferred():
+            forkserver.ensure_running()
+
+
 @contextmanager
 def _sigint_deferred() -> Iterator[None]:
     """Ctrl-C held back while the pool starts its processes, then raised as KeyboardInterrupt.
@@ -438,13 +493,17 @@ def _results_in_order(
     workers: int,
     max_bytes: int,
     recipe: Recipe,
+    placement: _Placement | None = None,
 ) -> Iterator[tuple[Any, str | None]]:
-    """Preprocessed images (or error messages) in the order of ``locators``, with a bounded window."""
+    """Preprocessed images (or error messages) in the order of ``locators``, with a bounded window.
+
+    With a placement the pixels are written in place by whoever decodes them and None stands for them.
+    """
     if workers == 1:
-        decoder = _Decoder(listing.tar_path, max_bytes, recipe)
+        decoder = _Decoder(listing.tar_path, max_bytes, recipe, placement)
         try:
-            for loc in locators:
-                yield decoder.one(loc)
+            for i, loc in enumerate(locators):
+                yield decoder.place(i, loc) if placement is not None else decoder.one(loc)
         finally:
             decoder.close()
         return
@@ -460,7 +519,7 @@ def _results_in_order(
         assert pool is not None
         start = next(starts, None)
         if start is not None:
-            pending.append((start, pool.submit(_worker_chunk, locators[start : start + chunk])))
+            pending.append((start, pool.submit(_worker_chunk, start, locators[start : start + chunk])))
 
     try:
         with _sigint_deferred():
@@ -468,7 +527,7 @@ def _results_in_order(
                 max_workers=workers,
                 mp_context=_mp_context(),
                 initializer=_init_worker,
-                initargs=(os.getpid(), listing.tar_path, max_bytes, recipe),
+                initargs=(os.getpid(), listing.tar_path, max_bytes, recipe, placement),
             )
             for _ in range(workers * CHUNKS_IN_FLIGHT_PER_WORKER):
                 submit_next()
@@ -708,6 +767,8 @@ def convert(
         dst_path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
+    if workers > 1:
+        _start_forkserver()  # it imports the decoder on another core while this one lists the source
     with open_source(src, label_file=label_file, scratch_dir=dst_path.parent) as listing:
         check_empty_classes(listing, allow_empty_classes)  # refused before anything is written
         n_all = len(listing)
@@ -818,6 +879,10 @@ def _convert_into(
     rep: ConvertReport,
     extra: ExtraColumns | None = None,
 ) -> None:
+    if isinstance(recipe, _FixedRecipe) and not extra and shard_rows is None:
+        _convert_placed(listing, names, labels, locators, dst, workers, max_bytes, recipe, on_error, force,
+                        progress, rep)
+        return
     results = _results_in_order(listing, names, locators, workers, max_bytes, recipe)
     # Exit order on an exception: the pool stops (closing: now, not when the traceback is freed),
     # then the bar, then the writer aborts, removing its temp files; on success it publishes.
@@ -845,6 +910,46 @@ def _convert_into(
     # Old shards the writer did not remove (not provably the old dataset's own) are told, never silent.
     rep.skipped.extend(ImageError(str(p), "an old shard file left in place (not provably the dataset's own)")
                        for p in writer.kept)
+
+
+def _convert_placed(
+    listing: Listing,
+    names: list[str],
+    labels: list[int],
+    locators: list[Locator],
+    dst: Path,
+    workers: int,
+    max_bytes: int,
+    recipe: _FixedRecipe,
+    on_error: str,
+    force: bool,
+    progress: bool,
+    rep: ConvertReport,
+) -> None:
+    """One file of S x S images: each image is written once, by its decoder, straight into its place in the
+    output (`tbl_format.PlacedWriter`); this process commits rows in order and checksums them.
+
+    Image i goes to slot i; a skipped image's slot is never committed, and later rows move down over it,
+    so the file is the one the streaming writer would write from the same rows.
+    """
+    # Exit order on an exception: the pool stops (closing), then the bar, then the writer aborts,
+    # removing its temp file (after the workers that write into it are gone); on success it publishes.
+    with tbl_format.PlacedWriter(dst, recipe.schema(), placed="image", capacity=len(names),
+                                 metadata=_metadata(listing, recipe), overwrite=force) as writer:
+        placement = _Placement(writer.path, writer.offset(0) if names else 0, writer.row_bytes)
+        results = _results_in_order(listing, names, locators, workers, max_bytes, recipe, placement)
+        with _progress_bar(len(names), progress) as bar, closing(results):
+            for i, (_, err) in enumerate(results):
+                if err is not None:
+                    if on_error == "fail":
+                        raise ImageDecodeError(names[i], err)
+                    rep.errors.append(ImageError(names[i], err))
+                    rep.failed += 1
+                    bar.set_postfix(failed=rep.failed, refresh=False)
+                else:
+                    writer.commit(i, {"label": labels[i]})
+                    rep.written += 1
+                bar.update(1)
 
 
 def _check_part_reports(parts: Sequence[str | os.PathLike[str]]) -> None:

@@ -20,7 +20,7 @@ from tbl_bench.peers.decoded import decoded_images
 from tbl_bench.peers.epochs import ImageLabelEpochs
 from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["ffcv_serve", "ffcv_unavailable_reason", "ffcv_write", "ffcv_write_photos"]
+__all__ = ["ffcv_convert", "ffcv_serve", "ffcv_unavailable_reason", "ffcv_write", "ffcv_write_photos"]
 
 
 def ffcv_unavailable_reason() -> str | None:
@@ -143,3 +143,36 @@ def ffcv_write_photos(tar: str, dst: str, write_mode: str, max_resolution: int, 
                                       "label": IntField()}, num_workers=workers)
     writer.from_indexed_dataset(photos)
     return len(photos)
+
+
+class _Convert:
+    """One `ffcv_write_photos` of the TAR per epoch into a fresh .beton, deleted after (the convert suite)."""
+
+    def __init__(self, tar: str, size: int, write_mode: str, workers: int):
+        import tempfile
+        from pathlib import Path
+
+        from tbl_bench.peers.pil import index_tar
+
+        _require_ffcv()
+        self.tar, self.size, self.write_mode, self.workers = tar, size, write_mode, workers
+        self.items_per_epoch = len(index_tar(tar)[0])
+        self._tmp = Path(tempfile.mkdtemp(prefix="tbl-bench-ffcv-convert-"))
+        self.info = {"workers": workers, "write_mode": write_mode, "max_resolution": size}
+
+    def run_epoch(self, epoch: int) -> int:
+        dst = self._tmp / f"epoch{epoch}.beton"
+        n = ffcv_write_photos(self.tar, str(dst), self.write_mode, self.size, self.workers)
+        self.info["output_bytes"] = dst.stat().st_size
+        dst.unlink()
+        return n
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def ffcv_convert(tar: str, size: int, write_mode: str, workers: int = 2):
+    """Workload factory: FFCV's DatasetWriter over the TAR's photos at max_resolution=size, per epoch."""
+    return _Convert(tar, size, write_mode, workers)

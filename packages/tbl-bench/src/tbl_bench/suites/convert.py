@@ -1,30 +1,44 @@
-"""Conversion: images per second from the JPEG TAR to a served format, 2 worker processes each.
+"""Conversion: images per second from the JPEG TAR to a served format, on every usable core.
 
-Subjects: `tbl_loader.convert` (squash to size x size, the same geometry the
-peers produce); TurboLoader's `preprocess_to_tbl` and `litdata.optimize` with
---peers. Baseline: decoding and resizing the same JPEGs with PIL in a process
-pool and writing one uint8 .npy - the bare work, with no format around it.
-Every epoch converts from scratch into a fresh destination that is deleted after.
+Ceiling, the decode limit: Pillow's share of the work alone, on the same
+images - read each member, draft-decode it (DCT scaling, as `tbl convert`
+does by default), convert to RGB and squash-resize it to size x size
+(bilinear, ``reducing_gap=None``: the geometry `tbl convert --mode squash`
+stores), in one warm process per core, keeping and writing nothing. No
+converter can be faster than this on this machine in this run: TBL's figure
+is read as a fraction of it.
+
+Subjects: `tbl_loader.convert` (squash); with --peers, TurboLoader's
+`preprocess_to_tbl`, `litdata.optimize` (PIL decode + resize in its workers)
+and FFCV 1.0.2's `DatasetWriter` from the photos at ``max_resolution=size``
+in its two modes, ``raw`` (decoded pixels) and ``jpg`` (re-encoded; FFCV
+keeps the aspect ratio, so its images are not squashed). Each tool gets as
+many workers as there are usable cores. Every epoch converts from scratch
+into a fresh destination that is deleted after; reading the TAR's member
+list is part of each converter's time (the decode limit's is not).
+
+With ``--data TAR`` (an ImageNet-layout TAR of JPEGs) and ``--image-size``,
+the user's TAR is converted at that size instead of the generated photos.
 """
 
 from __future__ import annotations
 
 import io
+import multiprocessing
+import os
 import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext
-from tbl_bench.peers.pil import index_tar
 
 NAME = "convert"
 TITLE = "Conversion (JPEG TAR to a served format)"
 UNIT = "images/s"
 COMPARE_ON = ()
+DECODE_CHUNK = 32  # images per task of the decode limit, as `tbl convert` hands them to its workers
 
 
 class _TblConvert:
@@ -59,74 +73,123 @@ def tbl_convert(tar: str, size: int, count: int, mode: str = "squash", workers: 
     return _TblConvert(tar, size, mode, workers, count)
 
 
-_TAR: str | None = None
+_TAR_FD: int | None = None
 
 
-def _init(tar: str) -> None:
-    global _TAR
-    _TAR = tar
+def _open_tar(tar: str) -> None:
+    global _TAR_FD
+    from PIL import Image  # noqa: F401  (imported once per worker, before any timing)
+
+    _TAR_FD = os.open(tar, os.O_RDONLY)
 
 
-def _decode_chunk(args: tuple[list[tuple[int, int]], int]) -> np.ndarray:
+def _decode_resize_chunk(args: tuple[list[tuple[int, int]], int]) -> int:
+    """Pillow's share of a conversion: read, draft-decode and squash-resize each image; keep nothing."""
     from PIL import Image
 
     spans, size = args
-    out = np.empty((len(spans), size, size, 3), dtype=np.uint8)
-    with open(_TAR, "rb") as f:
-        for i, (off, n) in enumerate(spans):
-            f.seek(off)
-            img = Image.open(io.BytesIO(f.read(n))).convert("RGB").resize((size, size), Image.BILINEAR)
-            out[i] = np.asarray(img)
-    return out
+    assert _TAR_FD is not None, "worker not initialised"
+    for off, n in spans:
+        with Image.open(io.BytesIO(os.pread(_TAR_FD, n, off))) as img:
+            if img.format == "JPEG":
+                img.draft("RGB", (size, size))
+            img.load()
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
+            rgb.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
+    return len(spans)
 
 
-class _PilNpy:
+class _DecodeLimit:
+    """The decode limit: `workers` warm processes doing only the Pillow work of a conversion, no writing."""
+
     def __init__(self, tar: str, size: int, workers: int):
-        self.tar, self.size, self.workers = tar, size, workers
-        self.spans, _ = index_tar(tar)
+        from tbl_bench.peers.pil import index_tar
+
+        self.size, self.workers = size, workers
+        self.spans, _ = index_tar(tar)  # untimed: the limit is the decoding alone
         self.items_per_epoch = len(self.spans)
-        self._tmp = Path(tempfile.mkdtemp(prefix="tbl-bench-pilnpy-"))
-        self.info = {"workers": workers}
+        # forkserver (spawn off Linux): the worker starts clean of this process's threads and imports.
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                                        initializer=_open_tar, initargs=(tar,))
+        list(self.pool.map(_decode_resize_chunk, [([], size)] * workers))  # start every worker untimed
+        self.info = {"workers": workers, "draft": True}
 
     def run_epoch(self, epoch: int) -> int:
-        chunks = [(self.spans[i : i + 64], self.size) for i in range(0, len(self.spans), 64)]
-        out = np.lib.format.open_memmap(self._tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                        shape=(len(self.spans), self.size, self.size, 3))
-        with ProcessPoolExecutor(self.workers, initializer=_init, initargs=(self.tar,)) as pool:
-            pos = 0
-            for block in pool.map(_decode_chunk, chunks):
-                out[pos : pos + len(block)] = block
-                pos += len(block)
-        out.flush()
-        del out
-        (self._tmp / "images.npy").unlink()
-        return pos
+        chunks = [(self.spans[i : i + DECODE_CHUNK], self.size) for i in range(0, len(self.spans), DECODE_CHUNK)]
+        return sum(self.pool.map(_decode_resize_chunk, chunks))
 
     def close(self) -> None:
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def pil_npy(tar: str, size: int, workers: int = 2):
-    """Workload factory: decode + resize with PIL in `workers` processes into one uint8 .npy."""
-    return _PilNpy(tar, size, workers)
+def decode_limit(tar: str, size: int, workers: int):
+    """Workload factory: Pillow draft decode + squash resize of every image on `workers` cores, nothing written."""
+    return _DecodeLimit(tar, size, workers)
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _source(ctx: BenchContext) -> tuple[str, int, int]:
+    """(TAR, stored side, images): the user's TAR and image size with --data, else the generated photos."""
+    s = ctx.sizes
+    user = ctx.user
+    if user is None:
+        return str(ctx.image_tar()), s.image_size, s.images
+    from tbl_bench.peers.pil import index_tar
+    from tbl_bench.user_data import UserDataError, data_kind
+
+    if data_kind(user.path) != "image-tar":
+        raise UserDataError(f"--data {user.path}: the convert suite converts a JPEG TAR; this is a converted .tbl")
+    return str(user.path), user.image_size or s.image_size, len(index_tar(user.path)[0])
 
 
 def configurations(ctx: BenchContext) -> list[Config]:
-    s = ctx.sizes
-    tar = str(ctx.image_tar())
+    tar, size, count = _source(ctx)
+    workers = usable_cores()
     # A conversion is long and its first run is as representative as any: no warm-up.
     common = {"warmup": 0, "epochs": 1 if ctx.quick else 3, "unit": UNIT}
     configs = [
-        Config(NAME, "pil-npy", "pil", "tbl_bench.suites.convert:pil_npy",
-               {"tar": tar, "size": s.image_size}, role="baseline", **common),
+        Config(NAME, "decode-limit", "pil", "tbl_bench.suites.convert:decode_limit",
+               {"tar": tar, "size": size, "workers": workers}, role="ceiling", **common),
         Config(NAME, "tbl", "tbl", "tbl_bench.suites.convert:tbl_convert",
-               {"tar": tar, "size": s.image_size, "count": s.images}, **common),
+               {"tar": tar, "size": size, "count": count, "workers": workers}, **common),
     ]
     if ctx.peers:
         configs += [
             Config(NAME, "turboloader", "turboloader", "tbl_bench.peers.turbo:turbo_convert",
-                   {"tar": tar, "size": s.image_size, "count": s.images}, peer=True, **common),
+                   {"tar": tar, "size": size, "count": count, "workers": workers}, peer=True, **common),
             Config(NAME, "litdata", "litdata", "tbl_bench.peers.litdata_peer:litdata_convert",
-                   {"tar": tar, "size": s.image_size, "count": s.images}, peer=True, **common),
+                   {"tar": tar, "size": size, "count": count, "workers": workers}, peer=True, **common),
         ]
+        ffcv_skip = _ffcv_skip(ctx)
+        for mode in ("raw", "jpg"):
+            configs.append(Config(NAME, f"ffcv-{mode}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_convert",
+                                  {"tar": tar, "size": size, "write_mode": mode, "workers": workers},
+                                  peer=True, skip=ffcv_skip, **common))
     return configs
+
+
+def _ffcv_skip(ctx: BenchContext) -> str | None:
+    try:
+        return ctx.peer_call("tbl_bench.peers.ffcv_peer:ffcv_unavailable_reason", {})
+    except RuntimeError as e:
+        return str(e)
+
+
+def ratios(results: dict[str, dict]) -> dict[str, float]:
+    """TBL's conversion rate over the decode limit and over each peer's, same run."""
+    tbl = results.get("tbl")
+    if not tbl:
+        return {}
+    out = {}
+    for name in ("decode-limit", "turboloader", "litdata", "ffcv-raw", "ffcv-jpg"):
+        other = results.get(name)
+        if other and other.get("throughput"):
+            out[f"tbl vs {name}"] = tbl["throughput"] / other["throughput"]
+    return out

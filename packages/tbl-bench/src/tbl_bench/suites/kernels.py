@@ -165,7 +165,8 @@ def configurations(ctx: BenchContext) -> list[Config]:
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
-    """Same-run ratios between configurations: dtypes, threads, the copy ceiling and TurboLoader."""
+    """Same-run ratios between configurations: dtypes (bfloat16 against float16 too), threads, the copy ceiling
+    and TurboLoader."""
 
     def rate(name):
         r = results.get(name)
@@ -177,6 +178,10 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
 
     out = {}
     for size in (160, 224):
+        for threads in (1, 2):
+            if rate(f"tbl-{size}-bfloat16-{threads}t") and rate(f"tbl-{size}-float16-{threads}t"):
+                out[f"{size}: bfloat16 vs float16 images/s ({threads}t)"] = (rate(f"tbl-{size}-bfloat16-{threads}t")
+                                                                             / rate(f"tbl-{size}-float16-{threads}t"))
         f32 = f"tbl-{size}-float32-2t"
         if f32 not in results:
             continue

@@ -1,4 +1,4 @@
-"""The configurations of the images and pytree_read suites on the user's own dataset (`--data PATH`).
+"""The configurations of the images, pytree_read and convert suites on the user's own dataset (`--data PATH`).
 
 The same workloads as on generated data, with the user's batch size, image
 size, output dtype and thread count (`tbl_bench.user_data.UserData`):
@@ -11,6 +11,9 @@ many worker processes as TBL gets threads (2 by default).
 
 pytree_read: PyTreeDataset iteration, `ds[i]` in random order and
 `get_batch` of the user's batch size, over every row of the user's .tbl.
+
+convert: the user's JPEG TAR converted at their image size, against the
+decode limit (`tbl_bench.suites.convert`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from tbl_bench.config import Config
 from tbl_bench.context import BenchContext
 from tbl_bench.levels import LEVELS
-from tbl_bench.suites import images, pytree_read
+from tbl_bench.suites import convert, images, pytree_read
 from tbl_bench.user_data import USER_DATA_SUITES, UserDataError, data_kind
 
 __all__ = ["user_configurations", "user_image_configurations", "user_pytree_configurations"]
@@ -132,4 +135,6 @@ def user_configurations(suite: str, ctx: BenchContext) -> list[Config]:
         return user_image_configurations(ctx)
     if suite == "pytree_read":
         return user_pytree_configurations(ctx)
+    if suite == "convert":
+        return convert.configurations(ctx)  # the suite itself takes the user's TAR and image size
     raise UserDataError(f"--data works with the suites {', '.join(USER_DATA_SUITES)}, not {suite}")

@@ -1,0 +1,77 @@
+"""The TAR listing's fast path (plain ustar / GNU headers read directly) lists exactly what tarfile lists."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tbl_loader.sources import SourceError, _scan_plain_tar, _scan_tar, _scan_tar_with_tarfile
+
+
+def add(tf: tarfile.TarFile, name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.size = len(data) if kind in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE) else 0
+    tf.addfile(info, io.BytesIO(data) if info.size else None)
+
+
+def build(path: Path, fmt: int, long_names: bool) -> Path:
+    with tarfile.open(path, "w", format=fmt) as tf:
+        add(tf, "n01/", kind=tarfile.DIRTYPE)
+        add(tf, "n01/a.JPEG", b"A" * 700)
+        add(tf, "./n01/b.jpg", b"B" * 512)
+        add(tf, "n02/c.png", b"")
+        add(tf, "n02/.hidden.jpg", b"h")
+        add(tf, "n02/notes.txt", b"t")
+        add(tf, "n02/link.jpg", kind=tarfile.SYMTYPE, link="../n01/a.JPEG")
+        add(tf, "n02/hard.jpg", kind=tarfile.LNKTYPE, link="n01/a.JPEG")
+        add(tf, "n02/pipe.jpg", kind=tarfile.FIFOTYPE)
+        add(tf, "n02/cont.jpg", b"C" * 3, kind=tarfile.CONTTYPE)
+        add(tf, "n03/caf\u00e9.jpg", b"e" * 10)
+        add(tf, "n01/a.JPEG", b"second copy wins")
+        if long_names:
+            add(tf, "n04/" + "d" * 60 + "/" + "f" * 80 + ".jpg", b"L" * 5)  # ustar prefix, GNU or pax record
+    return path
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("long_names", [False, True])
+def test_same_listing_as_tarfile(tmp_path: Path, fmt: int, long_names: bool) -> None:
+    tar = build(tmp_path / "t.tar", fmt, long_names)
+    assert _scan_tar(tar) == _scan_tar_with_tarfile(tar)
+    names, locators, ignored = _scan_tar(tar)
+    assert "n01/a.JPEG" in names and "n01/b.jpg" in names and "n02/cont.jpg" in names
+    assert {"n02/link.jpg", "n02/hard.jpg", "n02/pipe.jpg", "n02/notes.txt", "n02/.hidden.jpg"} <= set(ignored)
+    data = tar.read_bytes()
+    off, size = locators[names.index("n01/a.JPEG")]
+    assert data[off : off + size] == b"second copy wins"
+    fd = os.open(tar, os.O_RDONLY)
+    try:
+        plain = _scan_plain_tar(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    # The fast path reads these itself; names in GNU long-name or pax records (a long name, or in a pax TAR
+    # a non-ASCII one) are left to tarfile.
+    assert (plain is None) == (fmt == tarfile.PAX_FORMAT or (long_names and fmt == tarfile.GNU_FORMAT))
+
+
+def test_damaged_tars_take_tarfiles_reading(tmp_path: Path) -> None:
+    tar = build(tmp_path / "t.tar", tarfile.USTAR_FORMAT, True)
+    data = tar.read_bytes()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[:1200])  # inside the first image's data
+    with pytest.raises(SourceError, match="not a readable TAR"):
+        _scan_tar_with_tarfile(cut)
+    with pytest.raises(SourceError, match="not a readable TAR"):
+        _scan_tar(cut)
+    bad = bytearray(data)
+    bad[1024 + 2048] ^= 0xFF  # a byte of a later header: its checksum fails
+    (tmp_path / "bad.tar").write_bytes(bytes(bad))
+    assert _scan_tar(tmp_path / "bad.tar") == _scan_tar_with_tarfile(tmp_path / "bad.tar")
+    (tmp_path / "zeros.tar").write_bytes(bytes(10240))
+    assert _scan_tar(tmp_path / "zeros.tar") == _scan_tar_with_tarfile(tmp_path / "zeros.tar") == ([], [], [])
