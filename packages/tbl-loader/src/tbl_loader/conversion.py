@@ -896,11 +896,7 @@ def _convert_into(
     ):
         for i, (pixels, err) in enumerate(results):
             if err is not None:
-                if on_error == "fail":
-                    raise ImageDecodeError(names[i], err)
-                rep.errors.append(ImageError(names[i], err))
-                rep.failed += 1
-                bar.set_postfix(failed=rep.failed, refresh=False)
+                _record_failure(rep, bar, names[i], err, on_error)
             else:
                 assert pixels is not None
                 sample = recipe.row(pixels, labels[i])
@@ -910,6 +906,15 @@ def _convert_into(
     # Old shards the writer did not remove (not provably the old dataset's own) are told, never silent.
     rep.skipped.extend(ImageError(str(p), "an old shard file left in place (not provably the dataset's own)")
                        for p in writer.kept)
+
+
+def _record_failure(rep: ConvertReport, bar: Any, name: str, err: str, on_error: str) -> None:
+    """An image that did not decode: fatal under ``on_error="fail"``, else counted and named in the report."""
+    if on_error == "fail":
+        raise ImageDecodeError(name, err)
+    rep.errors.append(ImageError(name, err))
+    rep.failed += 1
+    bar.set_postfix(failed=rep.failed, refresh=False)
 
 
 def _convert_placed(
@@ -941,11 +946,7 @@ def _convert_placed(
         with _progress_bar(len(names), progress) as bar, closing(results):
             for i, (_, err) in enumerate(results):
                 if err is not None:
-                    if on_error == "fail":
-                        raise ImageDecodeError(names[i], err)
-                    rep.errors.append(ImageError(names[i], err))
-                    rep.failed += 1
-                    bar.set_postfix(failed=rep.failed, refresh=False)
+                    _record_failure(rep, bar, names[i], err, on_error)
                 else:
                     writer.commit(i, {"label": labels[i]})
                     rep.written += 1
