@@ -47,8 +47,15 @@ def slow_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start(src: Path, dst: Path) -> subprocess.Popen:
     argv = cli_argv(str(src), str(dst), "--size", "64", "--no-draft", "--workers", "2", "--quiet")
-    # its own session: a signal to its process group is what a terminal's Ctrl-C does
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # its own session: a signal to its process group is what a terminal's Ctrl-C does. SIGINT's default
+    # action is restored in it, as in a terminal: a test run started in the background of a shell without job
+    # control inherits SIGINT ignored, and the conversion would rightly keep ignoring it.
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
