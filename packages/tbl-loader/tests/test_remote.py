@@ -466,3 +466,56 @@ def test_pytree_loader_reads_a_url_with_block_shuffle(s3_server, local_ds, remot
     for (ba, ia), (bb, ib) in pairs:
         assert np.array_equal(ia, ib) and np.array_equal(ba["image"], bb["image"])
         assert np.array_equal(ba["label"], bb["label"])
+
+
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_a_warm_cache_holding_every_shard_reads_as_local(s3_server, local_ds, remote_url, tmp_path, shuffle):
+    """With every shard cached and mapped, a batch reads the dataset's whole columns at its own rows (no
+    per-batch locating): the stream stays the local one, element for element."""
+    opts = dict(batch_size=12, shuffle=shuffle, seed=7, hflip=0.5, backend="numpy")
+    with ImageLoader(local_ds, **opts) as local:
+        expected = _stream(local, epochs=3)
+    with ImageLoader(remote_url, cache_dir=tmp_path / "cache", storage_options=s3_server.storage_options,
+                     **opts) as remote:
+        got = _stream(remote, epochs=3)
+        ds = remote.dataset
+        assert sorted(ds.mapped_shards) == list(range(N // SHARD_ROWS))
+        rows = np.array([N - 1, 0, 5 * SHARD_ROWS + 3], dtype=np.int64)
+        first, at = ds.batch_columns(["image", "label"], rows)
+        again, _ = ds.batch_columns(["image", "label"], rows[::-1])
+        assert np.array_equal(at, rows) and again["image"] is first["image"]  # the whole columns, kept
+        column = np.concatenate(first["image"])
+        assert np.array_equal(column[at], np.concatenate(tbl_format.open(local_ds).segments("image"))[rows])
+    for (gi, gl, gx), (ei, el, ex) in zip(got, expected, strict=True):
+        assert np.array_equal(gx, ex) and np.array_equal(gl, el) and np.array_equal(gi, ei)
+
+
+def test_the_reader_waits_for_the_fetchers_own_download():
+    """A shard the fetcher is downloading is waited for (not fetched a second time behind its lock)."""
+    import threading
+
+    from tbl_loader.fetcher import Fetcher
+
+    release, started, calls = threading.Event(), threading.Event(), []
+
+    def fetch(k):
+        calls.append(k)
+        started.set()
+        release.wait(5)
+
+    fetcher = Fetcher(fetch, lookahead=1, concurrency=1)
+    try:
+        fetcher.schedule([0, 1])  # position 0 is the reader's; the fetcher takes shard 1
+        assert started.wait(5)
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (fetcher.join(1), done.set()))
+        waiter.start()
+        assert not done.wait(0.2)  # still downloading: join waits
+        release.set()
+        assert done.wait(5)
+        waiter.join()
+        fetcher.join(0)  # not the fetcher's: returns at once
+        assert calls == [1]
+    finally:
+        release.set()
+        fetcher.close()

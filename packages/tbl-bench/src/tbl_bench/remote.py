@@ -1,6 +1,7 @@
 """Remote serving: cold first epoch and warm epochs after it from a loopback S3 server, TBL vs litdata.
 
-    python -m tbl_bench.remote [--images 8000] [--size 96] [--shard-rows 250] [--epochs 8] [--rounds 3]
+    python -m tbl_bench.remote [--images 8000] [--size 96] [--shard-rows 250] [--epochs 8] [--warm-seconds 5]
+                           [--rounds 3]
 
 Needs ``tbl-loader[remote]``, ``moto[server]`` and (for the peer) ``litdata``.
 Starts moto's S3 server on 127.0.0.1, writes the same random uint8 images once
@@ -14,10 +15,11 @@ configuration in its own subprocess with a fresh cache:
   ``shuffle=True`` (its chunk-then-sample shuffle), ``num_workers=0``.
 
 Every configuration yields uint8 HWC batches of 128 and touches every batch.
-Each child runs ``--epochs`` epochs: epoch 1 is cold (nothing cached), and
-warm is the images of epochs 2 to ``--epochs`` over their total time (one
-figure over several seconds, not the median of sub-second epochs, which the
-load of a shared machine scatters). The three configurations run one after
+Each child runs at least ``--epochs`` epochs: epoch 1 is cold (nothing
+cached), and warm is the images of the epochs after it over their total time,
+with warm epochs added until they have taken ``--warm-seconds`` (one figure
+over several seconds, not the median of sub-second epochs, which the load of a
+shared machine scatters). The three configurations run one after
 the other in each of ``--rounds`` rounds (interleaved, so a change of the
 machine's load reaches all three); the ratios are taken within a round and
 the report gives each round's and their median. Images/s.
@@ -41,18 +43,24 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 kind, where, cache, opts, epochs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
+warm_seconds = float(sys.argv[6])
 rates = []  # (images, seconds) of each epoch
+
+def more(epoch):  # the cold epoch, then warm ones: at least `epochs` in all and `warm_seconds` of warm ones
+    return epoch < epochs or sum(t for _, t in rates[1:]) < warm_seconds
 if kind.startswith("tbl"):
     from tbl_loader import ImageLoader
     extra = {} if kind == "tbl-local" else {"cache_dir": cache, "storage_options": opts["tbl"]}
     loader = ImageLoader(where, batch_size=128, shuffle="block", seed=0, backend="numpy", dtype="uint8",
                          layout="HWC", **extra)
-    for epoch in range(epochs):
+    epoch = 0
+    while more(epoch):
         loader.set_epoch(epoch)
         t, n = time.perf_counter(), 0
         for b in loader:
             n += int(np.asarray(b.images)[:, 0, 0, 0].shape[0])
         rates.append((n, time.perf_counter() - t))
+        epoch += 1
     loader.close()
 else:
     from litdata import StreamingDataLoader, StreamingDataset
@@ -67,11 +75,13 @@ else:
     lit_downloader._build_obstore_s3_store = with_http
     ds = StreamingDataset(where, cache_dir=cache, shuffle=True, seed=0, storage_options=opts["litdata"])
     dl = StreamingDataLoader(ds, batch_size=128, num_workers=0)
-    for epoch in range(epochs):
+    epoch = 0
+    while more(epoch):
         t, n = time.perf_counter(), 0
         for b in dl:
             n += int(np.asarray(b["image"])[:, 0, 0, 0].shape[0])
         rates.append((n, time.perf_counter() - t))
+        epoch += 1
 print(json.dumps(rates))
 """
 
@@ -103,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=8000)
     ap.add_argument("--size", type=int, default=96)
     ap.add_argument("--shard-rows", type=int, default=250)
-    ap.add_argument("--epochs", type=int, default=8, help="epochs per child: the first cold, the rest warm")
+    ap.add_argument("--epochs", type=int, default=8, help="epochs per child at least: the first cold, the rest warm")
+    ap.add_argument("--warm-seconds", type=float, default=5.0,
+                    help="each child runs warm epochs until they have taken at least this long in all")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the three configurations, interleaved")
     args = ap.parse_args(argv)
     if args.epochs < 2 or args.rounds < 1:
@@ -155,20 +167,20 @@ def main(argv: list[str] | None = None) -> int:
             results = {}
             for label, kind, where in configs:
                 cache = tempfile.mkdtemp(dir=work, prefix="cache-")  # fresh: epoch 1 is cold
-                out = subprocess.run([sys.executable, "-c", CHILD, kind, where, cache, opts, str(args.epochs)],
+                out = subprocess.run([sys.executable, "-c", CHILD, kind, where, cache, opts, str(args.epochs), str(args.warm_seconds)],
                                      capture_output=True, text=True, env=env)
                 if out.returncode != 0:
                     print(f"round {number} {label}: failed:\n{out.stderr[-3000:]}")
                     continue
                 epochs = json.loads(out.stdout.strip().splitlines()[-1])
                 warm_n, warm_s = sum(n for n, _ in epochs[1:]), sum(t for _, t in epochs[1:])
-                results[label] = (epochs[0][0] / epochs[0][1], warm_n / warm_s, warm_s)
+                results[label] = (epochs[0][0] / epochs[0][1], warm_n / warm_s, warm_s, len(epochs) - 1)
                 shutil.rmtree(cache, ignore_errors=True)
             rounds.append(results)
             print(f"round {number}:")
-            for label, (cold, warm, warm_s) in results.items():
+            for label, (cold, warm, warm_s, warm_epochs) in results.items():
                 print(f"  {label:16s} cold {cold:9.0f} images/s   warm {warm:9.0f} images/s "
-                      f"({args.epochs - 1} epochs, {warm_s:.1f} s)")
+                      f"({warm_epochs} epochs, {warm_s:.1f} s)")
             print("  " + _ratios(results))
         cold_ratio = [r["TBL remote"][0] / r["litdata remote"][0] for r in rounds
                       if "TBL remote" in r and "litdata remote" in r]

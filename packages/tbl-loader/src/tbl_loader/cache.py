@@ -58,6 +58,7 @@ __all__ = ["CACHE_FOLDER", "CacheFullError", "ShardCache", "default_cache_dir", 
 
 CACHE_FOLDER = "tbl-cache-v1"
 _TMP_MARK = ".tbl-cache-tmp-"
+_LOCK_POLL_S = 0.002  # how often a process waiting for a shard's lock held by another process tries again
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -134,6 +135,17 @@ class ShardCache:
         name = hashlib.sha256(str(path).encode("utf-8")).hexdigest()[:32]
         return self._filelock.FileLock(str(self.locks / f"{name}.lock"))
 
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        """Hold ``path``'s lock. Waiting for another process polls every few milliseconds: filelock's default
+        (50 ms) would stall a reader waiting for a shard another worker is downloading by up to that much."""
+        lock = self._lock(path)
+        lock.acquire(poll_interval=_LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            lock.release()
+
     def dataset_dir(self, url: str, storage_options: dict[str, Any] | None = None) -> Path:
         """The folder of ``url``'s cached copy (created)."""
         path = self.root / _store_key(url, storage_options)
@@ -146,7 +158,7 @@ class ShardCache:
 
         A single-file dataset gets ``.tbl-cache-files.json`` instead, naming its one file for eviction."""
         final = directory / name
-        with self._lock(final):
+        with self._locked(final):
             try:
                 if final.read_bytes() == data:
                     return final
@@ -168,7 +180,7 @@ class ShardCache:
         is not cached, and yield its path while holding its lock: no process evicts it meanwhile, so the
         caller can open (map) it. Later eviction does not disturb a map."""
         final = directory / entry["file"]
-        with self._lock(final):
+        with self._locked(final):
             self._remove_temporaries(final)
             if not self._cached(final, entry):
                 self._download(store, final, entry, verify_data)

@@ -66,6 +66,14 @@ class Fetcher:
         except Exception:
             pass  # reported by the loader's own fetch of this shard, on the consumer's side
 
+    def join(self, k: int) -> None:
+        """If shard ``k``'s download is under way here, wait for it to end (however it ends): the reader then
+        finds the shard cached instead of queueing for its lock behind this process's own download."""
+        with self._lock:
+            pending = self._pending.get(k)
+        if pending is not None and not pending.cancelled():
+            pending.exception()
+
     def wait(self) -> None:
         """Block until every download submitted so far has finished (tests and benchmarks)."""
         with self._lock:

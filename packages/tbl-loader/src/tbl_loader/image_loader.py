@@ -70,6 +70,7 @@ class _ImageSource:
             self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
         self.images = columns.images
         self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
+        self._label_sources: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # see _remote_labels
         if self.shards is not None:  # a remote dataset's columns come batch by batch (RemoteDataset.columns)
             self.images, self.labels = [], None if self.labels is None else []
         self.seed = seed
@@ -137,6 +138,13 @@ class _ImageSource:
             self.advisor = None if fits else PageAdvisor(self.images, epoch_order.indices, self.batch_size,
                                                          self.files)
 
+    def _remote_labels(self, columns: list[np.ndarray]) -> list[np.ndarray]:
+        """The row sources of a remote batch's label columns; kept while the dataset hands the same list back
+        (a warm cache that maps every shard does, batch after batch)."""
+        if self._label_sources is None or self._label_sources[0] is not columns:
+            self._label_sources = (columns, [_label_rows(s) for s in columns])
+        return self._label_sources[1]
+
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
         n = ids.shape[0]
@@ -147,7 +155,7 @@ class _ImageSource:
             leaves = [self.image_key] + ([] if labels is None else [self.label_key])
             found, rows = self.shards.batch_columns(leaves, ids)  # maps them first (prepare_rows)
             images = found[self.image_key]
-            labels = None if labels is None else [_label_rows(s) for s in found[self.label_key]]
+            labels = None if labels is None else self._remote_labels(found[self.label_key])
         if self.verify_rows is not None:
             self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
         out = buffers["images"][:n]

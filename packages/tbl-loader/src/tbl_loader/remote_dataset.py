@@ -105,6 +105,9 @@ class RemoteDataset:
         self._lock = threading.RLock()
         self._mapped: OrderedDict[int, Any] = OrderedDict()  # shard -> open single-file tbl_format.Dataset
         self._templates: dict[str, np.ndarray] = {}
+        self._prepared: list[int] = []  # the shards the last prepare_rows mapped
+        self._nonempty = [k for k, count in enumerate(self._counts.tolist()) if count]
+        self._whole: dict[tuple[str, ...], dict[str, list[Any]]] | None = None  # see _whole_columns
         # Downloads ahead stay within what the cache holds besides the shards being read.
         lookahead = min(lookahead, max(0, self.max_mapped - 1))
         self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
@@ -139,6 +142,7 @@ class RemoteDataset:
             self._mapped.move_to_end(k)
             return shard
         entry = self._entries[k]
+        self.fetcher.join(k)
         with self.cache.holding(self.store, self.local_dir, entry, verify_data=self.verify_data) as path:
             shard = tbl_format.open(path)  # mapped under the shard's lock: no process evicts it first
         self._mapped[k] = shard
@@ -151,6 +155,7 @@ class RemoteDataset:
             if k not in keep:
                 for leaf in self._meta.leaf_paths:
                     self._columns.pop((k, leaf), None)
+                self._whole = None
                 self._mapped.pop(k).close()  # the map goes when the last view of it goes
 
     def _locate(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -162,9 +167,14 @@ class RemoteDataset:
     def _prepare(self, used: np.ndarray) -> None:
         shards = used.tolist()
         with self._lock:
+            # Consecutive batches mostly read the same few shards: then they are mapped already (only this
+            # call unmaps) and the fetcher's position has not moved.
+            if shards == self._prepared:
+                return
             for k in shards:
                 self._map(k)
             self._unmap_beyond(set(shards))
+            self._prepared = shards
         self.fetcher.reached(shards)
 
     def prepare_rows(self, rows: Any) -> None:
@@ -217,10 +227,32 @@ class RemoteDataset:
         return self._gather(leaves, *self._locate(rows))
 
     def batch_columns(self, leaves: list[str], rows: Any) -> tuple[dict[str, list[Any]], np.ndarray]:
-        """What a batch does: ``prepare_rows(rows)`` then ``columns(leaves, rows)``, the rows located once."""
+        """What a batch does: ``prepare_rows(rows)`` then ``columns(leaves, rows)``, the rows located once.
+
+        The lists returned may be the same objects batch after batch (read them, do not change them)."""
+        whole = self._whole_columns(leaves)
+        if whole is not None:
+            return whole, np.ascontiguousarray(rows, dtype=np.int64)
         ids, shard, used = self._locate(rows)
         self._prepare(used)
         return self._gather(leaves, ids, shard, used)
+
+    def _whole_columns(self, leaves: list[str]) -> dict[str, list[Any]] | None:
+        """Every non-empty shard's columns when all of them are mapped, else None.
+
+        A warm cache that holds the whole dataset ends up with every shard mapped, and then nothing is
+        unmapped again (only more than ``max_mapped`` maps are). A batch then reads the columns as a local
+        dataset's are read, its rows as they are: nothing to locate or map batch by batch."""
+        with self._lock:
+            if len(self._mapped) < len(self._nonempty):  # only shards holding rows are ever mapped
+                return None
+            if self._whole is None:
+                self._whole = {}
+            key = tuple(leaves)
+            found = self._whole.get(key)
+            if found is None:
+                found = self._whole[key] = {leaf: [self.segment(leaf, k) for k in self._nonempty] for leaf in leaves}
+            return found
 
     def _gather(self, leaves: list[str], ids: np.ndarray, shard: np.ndarray,
                 used: np.ndarray) -> tuple[dict[str, list[Any]], np.ndarray]:
@@ -231,7 +263,7 @@ class RemoteDataset:
         # Row r of shard k sits at r - starts[k] + (rows of the used shards before k) in the concatenation.
         shift = np.zeros(self._counts.shape[0], dtype=np.int64)
         shift[used] = np.cumsum(counts) - counts - self._starts[used]
-        return found, np.ascontiguousarray(ids + shift[shard])
+        return found, ids + shift[shard]
 
     def layout(self) -> _Layout:
         """A stand-in of this dataset for binding columns (shapes, dtypes, rows per shard): see the module
@@ -272,6 +304,7 @@ class RemoteDataset:
         self.fetcher.close()
         with self._lock:
             self._columns.clear()
+            self._whole, self._prepared = None, []
             for shard in self._mapped.values():
                 shard.close()
             self._mapped.clear()
