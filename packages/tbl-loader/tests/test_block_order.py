@@ -201,3 +201,62 @@ def test_block_window_reaches_the_order(block_ds):
     with ImageLoader(path, batch_size=8, shuffle="block", block_window=2, seed=6, backend="numpy") as loader:
         ids = np.concatenate([np.array(b.indices) for b in loader])
     assert np.array_equal(ids, order.block_permutation([20] * 6 + [10], 6, 0, 2))
+
+
+def _read_ahead_run(path, monkeypatch, available, **opts):
+    """The stream with the advisor on (memory_available() reporting ``available``), and every read ahead as
+    (batch number when asked, file, offset, length)."""
+    from tbl_loader import advice, image_loader
+
+    reads, current = [], [None]
+
+    def batch(self, number, _orig=advice.PageAdvisor.batch):
+        current[0] = number
+        return _orig(self, number)
+
+    def read(self, path, offset, length, _orig=advice._ShardReader.read):
+        reads.append((current[0], str(path), offset, length))
+        return _orig(self, path, offset, length)
+
+    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)
+    monkeypatch.setattr(advice, "memory_available", lambda: available)
+    monkeypatch.setattr(advice.PageAdvisor, "batch", batch)
+    monkeypatch.setattr(advice._ShardReader, "read", read)
+    got = _run(path, **opts)
+    monkeypatch.undo()
+    return got, reads
+
+
+def test_read_ahead_reads_the_next_shards_before_their_first_batch_within_the_budget(block_ds, monkeypatch):
+    """Shards are read ahead once each, strictly before the batch that first reads them, never before the
+    budget is first measured, with the shards being read and those read ahead within half the memory
+    available; the batches are those of a run without any advice."""
+    path, _ = block_ds
+    shard_bytes = 20 * 8 * 6 * 3
+    opts = dict(batch_size=8, shuffle="block", seed=2, hflip=0.5, block_window=2)
+    got, reads = _read_ahead_run(path, monkeypatch, 2 * 4 * shard_bytes, **opts)  # half: 4 shards
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+               for a, b in zip(got, _run(path, **opts), strict=True))
+    ids = np.concatenate([i for _, i in got])
+    shard_of = np.searchsorted(np.arange(0, 140, 20), ids, side="right") - 1
+    batch_of = np.arange(ids.size) // 8
+    first = {k: int(batch_of[shard_of == k].min()) for k in range(7)}
+    last = {k: int(batch_of[shard_of == k].max()) for k in range(7)}
+    files = [str(f) for f in tbl_format.open(path).files]
+    read_shards = [files.index(f) for _, f, _, _ in reads]
+    assert reads and len(read_shards) == len(set(read_shards))  # each shard at most once
+    for (number, _, offset, length), k in zip(reads, read_shards, strict=True):
+        assert number >= 8 and number < first[k]  # ahead of its first batch; none before the first measure
+        assert length == 20 * 8 * 6 * 3 if k < 6 else length == 10 * 8 * 6 * 3
+        assert offset > 0
+        reading = {j for j in range(7) if first[j] <= number <= last[j]}
+        ahead = {files.index(f) for n, f, _, _ in reads if n <= number and first[files.index(f)] > number}
+        assert (len(reading) + len(ahead)) * shard_bytes <= 4 * shard_bytes
+    assert len(read_shards) >= 2  # the budget leaves room for the next window's 2 shards: they were read
+
+
+def test_no_read_ahead_when_the_shards_being_read_fill_the_budget(block_ds, monkeypatch):
+    path, _ = block_ds
+    opts = dict(batch_size=8, shuffle="block", seed=2, block_window=2)
+    got, reads = _read_ahead_run(path, monkeypatch, 2 * 2 * 20 * 8 * 6 * 3, **opts)  # half: the 2 being read
+    assert reads == [] and len(got) == 17

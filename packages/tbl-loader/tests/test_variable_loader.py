@@ -657,3 +657,22 @@ def test_block_shuffle_serves_variable_jpeg_datasets(jpeg_data, var_images):
             ld.set_epoch(2)
             split.append(collect(ld)[2])
     assert np.array_equal(np.sort(np.concatenate(split)), np.sort(ids[: 2 * (N // 2)]))
+
+
+def test_a_shard_is_opened_once_however_many_shards_a_batch_touches(tmp_path, var_images, monkeypatch):
+    """More shards than tbl_format's default bound on open shards, read in the global order: each shard is
+    opened (its header parsed) once, not again batch after batch; the stream is the exact one."""
+    if not PER_SAMPLE:
+        pytest.skip(f"tbl-kernels {tbl_kernels.__version__} has no crop_resize_images (0.2 has)")
+    images = (var_images * 4)[: tbl_format.DEFAULT_MAX_OPEN + 6]
+    path = write_raw(tmp_path / "many", images, shard_rows=1)
+    opened = []
+    real = tbl_format.dataset.Dataset._open_shard
+    monkeypatch.setattr(tbl_format.dataset.Dataset, "_open_shard", lambda self, k: (opened.append(k), real(self, k))[1])
+    with loader(path, batch_size=16, shuffle=True, dtype="uint8", layout="HWC") as ld:
+        for epoch in range(2):
+            ld.set_epoch(epoch)
+            for b in ld:
+                ids = np.asarray(b.indices)
+                assert np.array_equal(b.images, expected(images, ids, epoch=epoch, dtype="uint8", layout="HWC"))
+    assert sorted(opened) == list(range(len(images)))

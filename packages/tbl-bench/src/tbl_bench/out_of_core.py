@@ -1,6 +1,7 @@
 """Out-of-core serving: images/s of ImageLoader on a local dataset several times the memory it may use.
 
     python -m tbl_bench.out_of_core [--images 8000] [--size 160] [--limit-mb 160] [--epochs 3]
+                                    [--serve copy|train] [--crop-size PX]
 
 One dataset of random uint8 images (``--images`` of ``--size``^2 x 3, shards of
 ``--shard-rows``) is written once; then each configuration runs in its own
@@ -18,10 +19,13 @@ subprocess, in this order, in the same run:
 
 Before each limited run the dataset's pages are dropped from the page cache
 (``posix_fadvise(DONTNEED)`` on its files), so what the child reads comes from
-disk and is charged to its own cgroup. Each child times ``--epochs`` epochs
-(uint8 HWC batches of 128, numpy output, so torch is not loaded; the limit covers the
+disk and is charged to its own cgroup. Each child times ``--epochs`` epochs of
+batches of 128 (numpy output, so torch is not loaded; the limit covers the
 process's own memory as well as the page cache; the in-RAM child reports its own)
-and the report gives the median images/s of the epochs after the first.
+and the report gives the median images/s of the epochs after the first. A batch
+is the stored uint8 pixels as they are (``--serve copy``: a memory copy, so the
+disk's rate shows most) or what a training step is fed (``--serve train``:
+RandomResizedCrop + flip, normalized float16 CHW).
 ``--dataset`` serves an existing dataset instead (e.g. ``tbl convert --max-size 256
 --store jpeg --shard-rows 100``: JPEG bytes decoded per batch, served resized
 and centre-cropped).
@@ -53,10 +57,12 @@ if cgroup != "-":
         os.close(fd)
 from tbl_loader import ImageLoader
 shuffle = "block" if shuffle == "block" else True
-transform = json.loads(sys.argv[5])  # images of variable size: {"resize": R, "center_crop": C}
+serving = json.loads(sys.argv[5])  # ImageLoader keywords: dtype, layout, crop, flip or resize + center_crop
+if "random_resized_crop" in serving:
+    from tbl_loader import RandomResizedCrop
+    serving["random_resized_crop"] = RandomResizedCrop(serving["random_resized_crop"])
 rates = []
-with ImageLoader(path, batch_size=128, shuffle=shuffle, seed=0, backend="numpy", dtype="uint8",
-                 layout="HWC", **transform) as loader:
+with ImageLoader(path, batch_size=128, shuffle=shuffle, seed=0, backend="numpy", **serving) as loader:
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         t, n = time.perf_counter(), 0
@@ -118,11 +124,11 @@ def _make_cgroup(limit_bytes: int) -> Path | None:
     return None
 
 
-def _run_child(path: Path, shuffle: str, epochs: int, cgroup: Path | None, transform: dict) -> dict:
+def _run_child(path: Path, shuffle: str, epochs: int, cgroup: Path | None, serving: dict) -> dict:
     if shuffle == "disk":
         argv = [sys.executable, "-c", DISK_CHILD, str(path), str(epochs), str(cgroup)]
     else:
-        argv = [sys.executable, "-c", CHILD, str(path), shuffle, str(epochs), str(cgroup or "-"), json.dumps(transform)]
+        argv = [sys.executable, "-c", CHILD, str(path), shuffle, str(epochs), str(cgroup or "-"), json.dumps(serving)]
     out = subprocess.run(argv, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{shuffle} child failed:\n{out.stderr[-3000:]}")
@@ -143,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
                          "tbl convert --max-size 256 --store jpeg --shard-rows 100)")
     ap.add_argument("--resize", type=int, default=256, help="with images of variable size: resize R ...")
     ap.add_argument("--center-crop", type=int, default=224, help="... then the centred C x C crop")
+    ap.add_argument("--serve", choices=("copy", "train"), default="copy",
+                    help="what each batch is: 'copy' (default): the stored uint8 pixels as they are, HWC, so the "
+                         "disk's rate shows most; 'train': RandomResizedCrop(--crop-size) + flip 0.5, normalized "
+                         "float16 CHW, what a training step is fed (fixed-size images)")
+    ap.add_argument("--crop-size", type=int, default=None, help="with --serve train: the crop's output size "
+                                                                   "(default: the stored size)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -161,19 +173,26 @@ def main(argv: list[str] | None = None) -> int:
     with tbl_format.open(path) as ds:
         rows, image = len(ds), ds.schema.leaves["image"]
     variable = image.kind in ("var_array", "encoded_image")  # tbl convert --max-size: decoded or resized per batch
-    transform = {"resize": args.resize, "center_crop": args.center_crop} if variable else {}
+    if variable:
+        serving = {"dtype": "uint8", "layout": "HWC", "resize": args.resize, "center_crop": args.center_crop}
+    elif args.serve == "train":
+        crop = args.crop_size or int(image.shape[0])
+        serving = {"dtype": "float16", "layout": "CHW", "random_resized_crop": crop, "hflip": 0.5}
+    else:
+        serving = {"dtype": "uint8", "layout": "HWC"}
     what = (f"{image.kind} ({image.format or 'raw'}) images of variable size, served resized to {args.resize} "
-            f"and centre-cropped to {args.center_crop}" if variable else f"images {tuple(image.shape)}")
+            f"and centre-cropped to {args.center_crop}" if variable else
+            f"images {tuple(image.shape)} served as " + ", ".join(f"{k}={v}" for k, v in serving.items()))
     print(f"dataset: {rows} {what}, {data_mb:.0f} MiB in {len(list(path.glob('*.tbl')))} shards; memory limit "
           f"{args.limit_mb} MiB ({data_mb / args.limit_mb:.1f}x smaller than the dataset), page cache and the "
           f"process's own memory together")
     results: dict[str, float | None] = {}
-    in_ram = _run_child(path, "global", args.epochs, None, transform)
+    in_ram = _run_child(path, "global", args.epochs, None, serving)
     results["in-RAM (global, no limit)"] = statistics.median(in_ram["rates"][1:])
     print(f"(the in-RAM child's own anonymous memory at the end: {in_ram['rss_anon_mb']:.0f} MiB)")
     if "ram-block" not in args.skip.split(","):  # the block order's own effect, apart from the limit
         results["in-RAM (block, no limit)"] = statistics.median(
-            _run_child(path, "block", args.epochs, None, transform)["rates"][1:])
+            _run_child(path, "block", args.epochs, None, serving)["rates"][1:])
     for label, shuffle in (("disk read, limited", "disk"), ("block, limited", "block"),
                            ("global, limited", "global")):
         if shuffle in args.skip.split(","):
@@ -183,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             results[label] = None
             continue
         try:
-            results[label] = statistics.median(_run_child(path, shuffle, args.epochs, group, transform)["rates"][1:])
+            results[label] = statistics.median(_run_child(path, shuffle, args.epochs, group, serving)["rates"][1:])
         finally:
             for _ in range(50):
                 try:
