@@ -217,7 +217,8 @@ class HostPipeline:
         if self._ring is not None:
             self._ring.close()  # a live iterator still references the ring: drop what it holds
             self._ring = None
-        for close in self._closers:
+        closers, self._closers = self._closers, []  # a closer may hold the source (and its maps) alive
+        for close in closers:
             close()
 
 
