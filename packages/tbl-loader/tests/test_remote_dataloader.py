@@ -72,3 +72,54 @@ def test_two_ranks_two_dataloader_workers_share_one_cache(s3_server, local_ds, t
     assert all(i["workers"] == [0, 1] for i in info)  # both workers of each rank served batches
     # Each shard was downloaded once on the node: over the two ranks' processes and their four workers.
     assert sum(sum(i["downloads"].values()) for i in info) == N // SHARD_ROWS
+
+
+def test_pass_plan_hands_each_worker_its_batches_in_order():
+    from tbl_loader import EpochOrder, PassPlan
+
+    order = EpochOrder(50, seed=4, epoch=2, shuffle="block", shard_rows=(12, 12, 12, 14))
+    described = {k: v for k, v in order.__dict__.items() if k in EpochOrder.__dataclass_fields__ and k != "shard_rows"}
+    ids = order.indices
+    for number in (0, 1, 5):
+        plan = PassPlan(described, 4, False, number)
+        parts = [plan.batches_of_worker((12, 12, 12, 14), w, 3) for w in range(3)]
+        batches = [ids[k * 4:(k + 1) * 4] for k in range(number, 13)]
+        for w in range(3):  # torch's rule: batch k goes to worker k % 3
+            assert np.array_equal(parts[w], np.concatenate([b for k, b in enumerate(batches, number) if k % 3 == w]))
+        assert np.array_equal(plan.batches_of_worker((12, 12, 12, 14), 0, 1), ids[number * 4:])
+
+
+@pytest.mark.parametrize("slot", [(0, 1), (1, 2)])
+def test_a_worker_downloads_ahead_the_shards_of_its_own_batches(s3_server, local_ds, tmp_path, monkeypatch, slot):
+    """ImageDataset on a URL, fed EpochBatchSampler's batches: the first batch of a pass hands the fetcher
+    the shards of the batches this process will read (as DataLoader worker ``slot``), in order; the batches
+    are the loader's."""
+    from tbl_loader import EpochBatchSampler, ImageDataset, torch_dataset
+    from tbl_loader.upload import upload_dataset
+
+    path, _ = local_ds
+    url = f"s3://{s3_server.new_bucket()}/ds/"
+    upload_dataset(path, url, storage_options=s3_server.storage_options)
+    monkeypatch.setattr(torch_dataset, "_worker_slot", lambda: slot)
+    worker, workers = slot
+    opts = dict(batch_size=8, shuffle="block", seed=3, backend="numpy")
+    with ImageLoader(path, **opts) as loader:
+        loader.set_epoch(1)
+        mine = [b for k, b in enumerate(EpochBatchSampler(loader)) if k % workers == worker]
+        expected = [(np.array(b.images), np.array(b.indices)) for b in loader]
+        ds = ImageDataset(url, seed=3, backend="numpy", epoch=1, cache_dir=tmp_path / "cache",
+                          storage_options=s3_server.storage_options)
+        got = []
+        for n, positions in enumerate(mine):
+            batch = ds.get_batch(positions)
+            if n == 0:  # the fetcher's sequence: the shards of this worker's batches, in the order first read
+                ids = np.concatenate([np.asarray(b) for b in mine])
+                shard = ids // SHARD_ROWS
+                _, first = np.unique(shard, return_index=True)
+                assert ds.dataset.fetcher._sequence == [int(shard[i]) for i in np.sort(first)]
+            got.append((np.array(batch.images), np.array(batch.indices)))
+        ds.dataset.fetcher.wait()
+        assert ds.dataset.cache.downloads == len(set((np.concatenate([np.asarray(b) for b in mine]) // SHARD_ROWS).tolist()))
+        ds.close()
+    for (gi, gx), (ei, ex) in zip(got, expected[worker::workers], strict=True):
+        assert np.array_equal(gx, ex) and np.array_equal(gi, ei)

@@ -48,7 +48,7 @@ from .storage import (
 )
 from .subset import SubsetError, resolve_rows
 from .tokens import TokenError, TokenLoader, window_offset, write_tokens
-from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset
+from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset, PassPlan
 from .upload import upload_dataset
 from .variable_source import ImageGeometryError
 from .verify import VERIFY_MODES
@@ -88,6 +88,7 @@ __all__ = [
     "OUTPUT_DTYPES",
     "OutputSpec",
     "Padded",
+    "PassPlan",
     "PillowConfigError",
     "PyTreeDataset",
     "PyTreeLoader",

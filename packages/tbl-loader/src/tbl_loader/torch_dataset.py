@@ -32,12 +32,19 @@ URLs (``s3://bucket/prefix/``, ``gs://``, ``az://``, ``http(s)://``; needs
 (the shard cache the loader uses: checked downloads under a per-shard file
 lock, so the node's processes, DataLoader workers and ranks alike, download
 each shard once), and a batch maps the shards it reads before reading them.
+The batches of :class:`EpochBatchSampler` carry their place in the pass
+(:class:`PassPlan`): at its first batch of a pass, a worker hands its
+dataset's background fetcher the rows of the batches torch will give it, so
+their shards are downloaded ahead, as ImageLoader's are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,21 +54,53 @@ import tbl_format
 from .fields import FieldReader
 from .image_loader import Batch, _field_paths, _ImageSource
 from .image_spec import ImageSpec
-from .order import BatchPlan
+from .order import BatchPlan, EpochOrder
 from .output import OutputSpec
 from .pytree_dataset import CollatedBatch, as_indices
 from .storage import is_url
 from .subset import resolve_rows
 
-__all__ = ["EpochBatch", "EpochBatchSampler", "ImageDataset"]
+__all__ = ["EpochBatch", "EpochBatchSampler", "ImageDataset", "PassPlan"]
+
+
+def _worker_slot() -> tuple[int, int]:
+    """(this DataLoader worker's id, the worker count), or (0, 1) outside a worker."""
+    torch = sys.modules.get("torch")  # a worker has imported it; never imported here for this
+    info = None if torch is None else torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (int(info.id), int(info.num_workers))
 
 
 class EpochBatch(list):
-    """A batch of dataset positions (a list of ints) tagged with the ``epoch`` its augmentation belongs to."""
+    """A batch of dataset positions (a list of ints) tagged with the ``epoch`` its augmentation belongs to.
 
-    def __init__(self, positions: Any, epoch: int) -> None:
+    ``plan``: where the batch sits in its pass (:class:`PassPlan`), which lets the process that reads it
+    download ahead the shards of a URL dataset its next batches read; None for a batch of its own."""
+
+    def __init__(self, positions: Any, epoch: int, plan: PassPlan | None = None) -> None:
         super().__init__(positions)
         self.epoch = int(epoch)
+        self.plan = plan
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """Batch ``number`` of the pass that the order ``order`` (an EpochOrder without its shards' rows, which
+    the reading process takes from its own dataset) cut into batches of ``batch_size``: a few numbers, so
+    that every batch carries it to a DataLoader worker at no cost."""
+
+    order: dict[str, Any]
+    batch_size: int
+    drop_last: bool
+    number: int
+
+    def batches_of_worker(self, shard_rows: Any, worker: int, workers: int) -> np.ndarray:
+        """The positions of the pass's batches from this one on that torch's DataLoader hands ``worker`` of
+        ``workers`` (batch ``k`` to worker ``k % workers``), in the order they come."""
+        order = EpochOrder(**self.order, shard_rows=tuple(shard_rows) if self.order["shuffle"] == "block" else None)
+        ids, size = order.indices, self.batch_size
+        first = self.number + (worker - self.number) % workers
+        mine = [ids[k * size : (k + 1) * size] for k in range(first, order.num_batches(size, self.drop_last), workers)]
+        return np.concatenate(mine) if mine else np.empty(0, np.int64)
 
 
 class EpochBatchSampler:
@@ -81,8 +120,10 @@ class EpochBatchSampler:
         options = self.cursor.options
         positions = order.indices
         size = options.batch_size
+        described = {f.name: getattr(order, f.name) for f in dataclasses.fields(order) if f.name != "shard_rows"}
         for k in range(order.num_batches(size, options.drop_last)):
-            yield EpochBatch(positions[k * size : (k + 1) * size].tolist(), order.epoch)
+            yield EpochBatch(positions[k * size : (k + 1) * size].tolist(), order.epoch,
+                             PassPlan(described, size, options.drop_last, k))
 
 
 class ImageDataset:
@@ -113,6 +154,7 @@ class ImageDataset:
         self.output = OutputSpec.create(backend)
         self.epoch = int(epoch)
         self._state: tuple[Any, _ImageSource] | None = None
+        self._fetch_plan: tuple[Any, int] | None = None  # (the pass scheduled for fetching, its last batch)
         dataset, _ = self._ensure()
         self.fingerprint = dataset.fingerprint
         try:
@@ -184,7 +226,7 @@ class ImageDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_state"] = None
+        state["_state"], state["_fetch_plan"] = None, None
         return state
 
     def set_epoch(self, epoch: int) -> None:
@@ -202,7 +244,10 @@ class ImageDataset:
         """
         if epoch is None:
             epoch = getattr(positions, "epoch", self.epoch)
-        _, source = self._ensure()
+        dataset, source = self._ensure()
+        plan = getattr(positions, "plan", None)
+        if plan is not None and callable(getattr(dataset, "schedule", None)):
+            self._fetch_ahead(dataset, plan)
         pos = as_indices(positions, self._len)
         rows = pos if self.rows is None else np.ascontiguousarray(self.rows[pos])
         n = rows.shape[0]
@@ -211,6 +256,20 @@ class ImageDataset:
         payload = source.fill({k: v.kernel for k, v in buffers.items()}, plan)
         outputs = {name: a.export(n, self.output) for name, a in buffers.items()}
         return source.batch(outputs, payload, plan, self.output.backend, None)
+
+    def _fetch_ahead(self, dataset: Any, plan: PassPlan) -> None:
+        """A URL dataset read batch by batch (a DataLoader worker's): at the first batch of a pass, hand the
+        fetcher the rows of the pass's batches this process will read, in order, so that their shards are
+        downloaded ahead as ImageLoader's are. Which batches those are is torch's rule (batch ``k`` to worker
+        ``k % num_workers``); were it wrong, shards would only come early or late, never change a batch."""
+        worker, workers = _worker_slot()
+        key = (tuple(sorted(plan.order.items())), plan.batch_size, plan.drop_last, worker, workers)
+        if self._fetch_plan is not None and self._fetch_plan[0] == key and plan.number > self._fetch_plan[1]:
+            self._fetch_plan = (key, plan.number)
+            return  # the same pass, further on: scheduled already
+        self._fetch_plan = (key, plan.number)
+        positions = plan.batches_of_worker(dataset.segment_rows, worker, workers)
+        dataset.schedule(positions if self.rows is None else self.rows[positions])
 
     def __getitems__(self, positions: Any) -> CollatedBatch:
         """torch DataLoader's batched fetch: a CollatedBatch (``collate_identity`` gives ``get_batch``)."""
