@@ -505,17 +505,17 @@ def test_the_reader_waits_for_the_fetchers_own_download():
 
     fetcher = Fetcher(fetch, lookahead=1, concurrency=1)
     try:
-        fetcher.schedule([0, 1])  # position 0 is the reader's; the fetcher takes shard 1
+        fetcher.schedule([5, 6])  # a lookahead of 1: the fetcher takes the first shard of the order only
         assert started.wait(5)
         done = threading.Event()
-        waiter = threading.Thread(target=lambda: (fetcher.join(1), done.set()))
+        waiter = threading.Thread(target=lambda: (fetcher.join(5), done.set()))
         waiter.start()
         assert not done.wait(0.2)  # still downloading: join waits
         release.set()
         assert done.wait(5)
         waiter.join()
-        fetcher.join(0)  # not the fetcher's: returns at once
-        assert calls == [1]
+        fetcher.join(6)  # not the fetcher's (yet): returns at once
+        assert calls == [5]
     finally:
         release.set()
         fetcher.close()

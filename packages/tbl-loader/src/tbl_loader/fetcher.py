@@ -43,7 +43,7 @@ class Fetcher:
             self._sequence = list(shards)
             self._where = {k: i for i, k in enumerate(self._sequence)}
             self._next = 0
-        self.reached(self._sequence[:1])
+            self._submit_up_to(min(len(self._sequence), self.lookahead))
 
     def reached(self, shards: list[int]) -> None:
         """The loader is reading ``shards`` now: keep the next ``lookahead`` shards of the sequence coming."""
@@ -52,13 +52,16 @@ class Fetcher:
                 return
             pos = max((self._where.get(k, -1) for k in shards), default=-1)
             self._pending = {k: f for k, f in self._pending.items() if not f.done()}
-            limit = min(len(self._sequence), pos + 1 + self.lookahead)
             self._next = max(self._next, pos + 1)
-            while self._next < limit:
-                k = self._sequence[self._next]
-                self._next += 1
-                if k not in self._pending:
-                    self._pending[k] = self._pool.submit(self._quiet_fetch, k)
+            self._submit_up_to(min(len(self._sequence), pos + 1 + self.lookahead))
+
+    def _submit_up_to(self, limit: int) -> None:
+        """Submit the sequence's shards before position ``limit`` not submitted yet (the lock is held)."""
+        while self._next < limit:
+            k = self._sequence[self._next]
+            self._next += 1
+            if k not in self._pending:
+                self._pending[k] = self._pool.submit(self._quiet_fetch, k)
 
     def _quiet_fetch(self, k: int) -> None:
         try:
