@@ -47,8 +47,8 @@ import numpy as np
 __all__ = ["PageAdvisor", "fits_in_memory", "memory_available"]
 
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
-_BUDGET_EVERY = 8  # batches between two measures of the memory available for reading ahead
 _FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
+_BUDGET_EVERY = 8  # batches between two measures of the memory available for reading ahead
 
 
 def _meminfo_available() -> int | None:
@@ -184,7 +184,7 @@ class PageAdvisor:
 
     def batch(self, number: int) -> None:
         """Batch ``number`` of the pass is about to be read: release the shards no batch from here on reads,
-        and read ahead the next shards the pass reads, within ``read_ahead`` bytes."""
+        and (with ``read_ahead``) read ahead the next shards the pass reads, within the budget."""
         for k in np.flatnonzero((self.last >= 0) & (self.last < number)).tolist():
             if k not in self.released:
                 self.released.add(k)
