@@ -40,7 +40,7 @@ from ._kernels import kernels, per_sample_kernels
 from .batch import Batch, host_indices
 from .fields import FieldReader
 from .image_spec import ImageSpec, fit_windows, resized_center_crop_windows
-from .jpeg_decode import JpegDecodeError, dct_scale, decode_jpeg, decoder_info, scale_boxes
+from .jpeg_decode import JpegDecodeError, check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .keys import sample_keys
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
@@ -142,6 +142,22 @@ EVAL_RULE = "resize-crop"
 rounded box), so a state saved under the old rule refuses to resume instead of continuing with other pixels."""
 
 
+def check_jpeg_dct(jpeg_dct: Any, columns: VariableColumns | None) -> str:
+    """``jpeg_dct`` checked (`tbl_loader.jpeg_decode.check_dct`); ``"fast"`` only where JPEG rows are
+    decoded at serve time (``columns``: None for a fixed-size dataset), never silently ignored."""
+    check_dct(jpeg_dct)
+    if jpeg_dct != "accurate" and (columns is None or columns.store != "jpeg"):
+        raise ValueError(f"jpeg_dct={jpeg_dct!r} applies to JPEG storage (tbl convert --store jpeg); "
+                         "this dataset stores decoded pixels")
+    return jpeg_dct
+
+
+def jpeg_dct_settings(jpeg_dct: str) -> dict[str, Any]:
+    """The stream setting of the serve-time IDCT (`check_jpeg_dct` first): ``{"jpeg_dct": "fast"}``, as it
+    changes pixels; nothing for the accurate default, so states saved before the choice existed resume."""
+    return {} if jpeg_dct == "accurate" else {"jpeg_dct": jpeg_dct}
+
+
 def stream_settings(columns: VariableColumns, spec: ImageSpec | None = None) -> dict[str, Any]:
     """What besides the ImageSpec changes this stream: the serve-time decoder (its version changes pixels)
     and, for the evaluation transform, its resampling rule."""
@@ -162,7 +178,8 @@ class VariableImageSource:
     """Fills ring slots for an ImageLoader over variable-size images. Holds the dataset, never the loader."""
 
     def __init__(self, dataset: Any, columns: VariableColumns, spec: ImageSpec, seed: int,
-                 verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None) -> None:
+                 verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None,
+                 jpeg_dct: str = "accurate") -> None:
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
             decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
@@ -184,6 +201,7 @@ class VariableImageSource:
         self.out_shape = columns.out_shape(spec.layout)
         self.table = kernels.normalization_table(spec.mean, spec.std, spec.dtype) if spec.normalized else None
         self.num_threads = num_threads
+        self.jpeg_dct = check_jpeg_dct(jpeg_dct, columns)  # the IDCT of the serve-time decode (jpeg_decode)
         self._pool: ThreadPoolExecutor | None = None
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
@@ -252,10 +270,11 @@ class VariableImageSource:
         scales = dct_scale(boxes[:, 2], boxes[:, 3], *self.out_hw)
         # Python ints, read once: the per-image step below is the only Python that runs per JPEG
         scale_list, h_list, w_list, rows = scales.tolist(), h.tolist(), w.tolist(), ids.tolist()
+        dct = self.jpeg_dct
 
         def one(k: int) -> np.ndarray:
             try:
-                image = decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k])
+                image = decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k], dct=dct)
             except ValueError as e:
                 raise JpegDecodeError(self.path, rows[k], str(e)) from None
             if scale_list[k] == 1 and image.shape[:2] != (h_list[k], w_list[k]):
