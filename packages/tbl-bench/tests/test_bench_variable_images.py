@@ -35,7 +35,7 @@ def test_every_tbl_storage_and_the_baseline_served_the_same_subset(run):
     ctx, doc = run
     entry = doc["suites"]["variable_images"]
     results = {r["name"]: r for r in entry["results"]}
-    for name in ("tbl/jpeg256", "tbl/raw256", "tbl/fixed224", "pil/jpeg-tar"):
+    for name in ("tbl/jpeg256", "tbl/jpeg256-fastdct", "tbl/raw256", "tbl/fixed224", "pil/jpeg-tar"):
         assert results[name]["status"] == "ok", results[name]
         assert results[name]["items_per_epoch"] == SUBSET
         assert results[name]["throughput"] > 0
@@ -44,7 +44,11 @@ def test_every_tbl_storage_and_the_baseline_served_the_same_subset(run):
     assert results["pil/jpeg-tar"]["role"] == "baseline"
     assert results["pil/jpeg-tar"]["params"]["workers"] == variable_images.THREADS
     assert all(results[f"tbl/{s}"]["params"]["threads"] == variable_images.THREADS
-               for s in ("jpeg256", "raw256", "fixed224"))
+               for s in ("jpeg256", "jpeg256-fastdct", "raw256", "fixed224"))
+    # the same JPEG file, served with each IDCT (the fast one is FFCV's)
+    assert results["tbl/jpeg256-fastdct"]["params"]["path"] == results["tbl/jpeg256"]["params"]["path"]
+    assert results["tbl/jpeg256-fastdct"]["params"]["jpeg_dct"] == "fast"
+    assert "jpeg_dct" not in results["tbl/jpeg256"]["params"]
     assert "tbl jpeg256 vs pytorch-pil" in entry["ratios"]
 
 
@@ -72,6 +76,9 @@ def test_goal_ratios_need_both_sides():
     results = {"tbl/jpeg256": {"throughput": 300.0}, "pil/jpeg-tar": {"throughput": 100.0},
                "tbl/raw256": {"throughput": 50.0}}
     assert variable_images.ratios(results) == {"tbl jpeg256 vs pytorch-pil": 3.0}
+    results.update({"ffcv/jpg256": {"throughput": 200.0}, "tbl/jpeg256-fastdct": {"throughput": 320.0}})
+    assert variable_images.ratios(results) == {"tbl jpeg256 vs pytorch-pil": 3.0, "tbl jpeg256 vs ffcv jpg256": 1.5,
+                                               "tbl jpeg256 fast IDCT (as FFCV decodes) vs ffcv jpg256": 1.6}
 
 
 def test_a_tar_within_the_cap_is_served_whole(run, monkeypatch):

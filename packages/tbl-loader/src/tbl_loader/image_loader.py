@@ -233,7 +233,9 @@ class ImageLoader(HostLoader):
     ``cache_limit``), ``storage_options`` passed to the storage library; see
     :mod:`tbl_loader.remote_dataset`. Datasets of variable-size images
     (``tbl convert --max-size``) take ``resize`` with ``center_crop`` (the
-    evaluation transform) and are served through :mod:`tbl_loader.variable_source`.
+    evaluation transform) and are served through :mod:`tbl_loader.variable_source`;
+    ``jpeg_dct`` (``"accurate"``, default, or ``"fast"``: FFCV's faster, less exact
+    IDCT) is the IDCT of JPEG storage's serve-time decode, see :mod:`tbl_loader.jpeg_decode`.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -276,6 +278,7 @@ class ImageLoader(HostLoader):
         cache_limit: Any = None,
         storage_options: dict[str, Any] | None = None,
         block_window: int = order.DEFAULT_BLOCK_WINDOW,
+        jpeg_dct: str = "accurate",
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -317,8 +320,11 @@ class ImageLoader(HostLoader):
                 if spec.extra_crops:
                     raise ValueError("several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
-                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec)}
+                variable_source.check_jpeg_dct(jpeg_dct, columns)
+                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec),
+                            **variable_source.jpeg_dct_settings(jpeg_dct)}
             else:  # a remote dataset binds through its layout: shapes only, no shard is read for it
+                variable_source.check_jpeg_dct(jpeg_dct, None)
                 columns = spec.bind(dataset.layout() if hasattr(dataset, "layout") else dataset, any_label=True)
                 settings = spec.stream_settings()
             subset = resolve_rows(columns.num_samples, rows, subsample)
@@ -329,7 +335,7 @@ class ImageLoader(HostLoader):
                 field_paths = _field_paths(fields, spec, columns)
                 reader = FieldReader(dataset, field_paths, var) if field_paths else None
                 source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads,
-                                                             reader)
+                                                             reader, jpeg_dct)
                 closers.insert(0, source.close)  # the decode threads stop before the dataset closes
             else:
                 field_paths = _field_paths(fields, spec, columns)

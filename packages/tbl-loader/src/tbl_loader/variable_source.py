@@ -12,9 +12,11 @@ A dataset written with ``--max-size`` has an ``image`` leaf of variable size
    of torchvision's geometry (`tbl_loader.image_spec.resized_center_crop_windows`).
    Flips from `tbl_loader.order.flip_draws`, as for fixed-size images.
 2. Sources: raw rows are zero-copy views of the mapped heap (their shapes are
-   checked against the sizes columns); JPEG rows are decoded in a thread pool
-   with the GIL released, at the DCT scale the box allows, and the boxes are
-   mapped onto the decoded images (`tbl_loader.jpeg_decode`).
+   checked against the sizes columns); JPEG rows are decoded by ``num_threads``
+   threads (the producer thread and a pool) sharing one counter
+   (`tbl_loader.shared_loop`), with the GIL released, at the DCT scale the box
+   allows, and the boxes are mapped onto the decoded images
+   (`tbl_loader.jpeg_decode`).
 3. One kernel call: crop, resize, flip, normalize and lay out every sample, GIL
    released, parallel over the batch. Boxes go to ``crop_resize_images``
    (crop, then resize the box: torchvision's RandomResizedCrop); windows go to
@@ -38,10 +40,11 @@ from ._kernels import kernels, per_sample_kernels
 from .batch import Batch, host_indices
 from .fields import FieldReader
 from .image_spec import ImageSpec, fit_windows, resized_center_crop_windows
-from .jpeg_decode import JpegDecodeError, dct_scale, decode_jpeg, decoder_info, scale_boxes
+from .jpeg_decode import JpegDecodeError, check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .keys import sample_keys
 from .order import BatchPlan
 from .output import HostArray, OutputSpec, allocate_host
+from .shared_loop import shared_loop
 
 __all__ = ["ImageGeometryError", "VariableColumns", "VariableImageSource", "bind_variable", "is_variable"]
 
@@ -139,6 +142,22 @@ EVAL_RULE = "resize-crop"
 rounded box), so a state saved under the old rule refuses to resume instead of continuing with other pixels."""
 
 
+def check_jpeg_dct(jpeg_dct: Any, columns: VariableColumns | None) -> str:
+    """``jpeg_dct`` checked (`tbl_loader.jpeg_decode.check_dct`); ``"fast"`` only where JPEG rows are
+    decoded at serve time (``columns``: None for a fixed-size dataset), never silently ignored."""
+    check_dct(jpeg_dct)
+    if jpeg_dct != "accurate" and (columns is None or columns.store != "jpeg"):
+        raise ValueError(f"jpeg_dct={jpeg_dct!r} applies to JPEG storage (tbl convert --store jpeg); "
+                         "this dataset stores decoded pixels")
+    return jpeg_dct
+
+
+def jpeg_dct_settings(jpeg_dct: str) -> dict[str, Any]:
+    """The stream setting of the serve-time IDCT (`check_jpeg_dct` first): ``{"jpeg_dct": "fast"}``, as it
+    changes pixels; nothing for the accurate default, so states saved before the choice existed resume."""
+    return {} if jpeg_dct == "accurate" else {"jpeg_dct": jpeg_dct}
+
+
 def stream_settings(columns: VariableColumns, spec: ImageSpec | None = None) -> dict[str, Any]:
     """What besides the ImageSpec changes this stream: the serve-time decoder (its version changes pixels)
     and, for the evaluation transform, its resampling rule."""
@@ -159,7 +178,8 @@ class VariableImageSource:
     """Fills ring slots for an ImageLoader over variable-size images. Holds the dataset, never the loader."""
 
     def __init__(self, dataset: Any, columns: VariableColumns, spec: ImageSpec, seed: int,
-                 verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None) -> None:
+                 verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None,
+                 jpeg_dct: str = "accurate") -> None:
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
             decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
@@ -181,6 +201,7 @@ class VariableImageSource:
         self.out_shape = columns.out_shape(spec.layout)
         self.table = kernels.normalization_table(spec.mean, spec.std, spec.dtype) if spec.normalized else None
         self.num_threads = num_threads
+        self.jpeg_dct = check_jpeg_dct(jpeg_dct, columns)  # the IDCT of the serve-time decode (jpeg_decode)
         self._pool: ThreadPoolExecutor | None = None
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
@@ -244,25 +265,28 @@ class VariableImageSource:
                     f"columns ({int(h[k])}, {int(w[k])})")
         return views
 
-    def _decode(self, blobs: list[bytes], ids: np.ndarray, boxes: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    def _decode(self, blobs: list[Any], ids: np.ndarray, boxes: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         h, w = self.columns.heights[ids], self.columns.widths[ids]
         scales = dct_scale(boxes[:, 2], boxes[:, 3], *self.out_hw)
+        # Python ints, read once: the per-image step below is the only Python that runs per JPEG
+        scale_list, h_list, w_list, rows = scales.tolist(), h.tolist(), w.tolist(), ids.tolist()
+        dct = self.jpeg_dct
 
         def one(k: int) -> np.ndarray:
             try:
-                image = decode_jpeg(blobs[k], int(scales[k]), height=int(h[k]), width=int(w[k]))
+                image = decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k], dct=dct)
             except ValueError as e:
-                raise JpegDecodeError(self.path, int(ids[k]), str(e)) from None
-            if scales[k] == 1 and image.shape[:2] != (h[k], w[k]):
+                raise JpegDecodeError(self.path, rows[k], str(e)) from None
+            if scale_list[k] == 1 and image.shape[:2] != (h_list[k], w_list[k]):
                 raise ImageGeometryError(
-                    f"{self.path}: row {int(ids[k])}: the JPEG decodes to {image.shape[:2]}, its height/width "
-                    f"columns say ({int(h[k])}, {int(w[k])})")
+                    f"{self.path}: row {rows[k]}: the JPEG decodes to {image.shape[:2]}, its height/width "
+                    f"columns say ({h_list[k]}, {w_list[k]})")
             return image
 
-        if self._pool is None:
-            threads = self.num_threads or kernels.get_num_threads()
-            self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tbl-jpeg")
-        images = list(self._pool.map(one, range(len(blobs))))
+        threads = max(1, self.num_threads or kernels.get_num_threads())
+        if self._pool is None and threads > 1:
+            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="tbl-jpeg")
+        images = shared_loop(self._pool, threads, len(blobs), one)
         decoded = np.array([im.shape[:2] for im in images], dtype=np.int64).reshape(-1, 2)
         if self.windows:  # a window scales with the image: the same part of the photo, in decoded pixels
             ratio = np.tile(decoded / np.stack([h, w], axis=1), (1, 2))  # (rows, cols, rows, cols)

@@ -100,7 +100,7 @@ def _crop_spec(size: int):
 class _TblServe:
     def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device,
                  verify: str = "never", reopen: bool = False, dtype: str = "float32",
-                 fields: bool = False):
+                 fields: bool = False, jpeg_dct: str = "accurate"):
         ImageLoader = _image_loader()
         if aug not in AUGMENTATIONS:
             raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
@@ -121,13 +121,16 @@ class _TblServe:
             kwargs["verify"] = verify
         if dtype != "float32":
             kwargs["dtype"] = dtype
+        if jpeg_dct != "accurate":
+            kwargs["jpeg_dct"] = jpeg_dct
         # reopen: a new loader (fresh maps, nothing verified yet) every epoch, so each timed epoch
         # pays what a first epoch pays.
         self.open_loader = lambda: ImageLoader(path, batch_size, shuffle=True, seed=seed, num_threads=threads,
                                                **kwargs)
         self.reopen = reopen
         self.loader = self.open_loader()
-        self.info = {"num_threads": threads, "device": device, "verify": verify, "reopen": reopen, "dtype": dtype}
+        self.info = {"num_threads": threads, "device": device, "verify": verify, "reopen": reopen, "dtype": dtype,
+                     **({"jpeg_dct": jpeg_dct} if jpeg_dct != "accurate" else {})}
 
     def run_epoch(self, epoch: int) -> int:
         if self.reopen:
@@ -148,14 +151,15 @@ class _TblServe:
 
 def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None,
               verify: str = "never", reopen: bool = False, dtype: str = "float32",
-              fields: bool = False):
+              fields: bool = False, jpeg_dct: str = "accurate"):
     """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
 
     `size` is the output size of the crop configuration; plain and flip serve the stored size.
     `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost);
     `dtype` the output dtype; `fields` serves FIELDS beside the images (a dataset written by
-    `write_fields_dataset`)."""
-    return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen, dtype, fields)
+    `write_fields_dataset`); `jpeg_dct` the IDCT of JPEG storage ("accurate" or "fast")."""
+    return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen, dtype, fields,
+                     jpeg_dct)
 
 
 FIELDS = ("orig_size", "score", "path")

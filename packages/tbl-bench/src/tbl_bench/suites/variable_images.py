@@ -6,11 +6,15 @@ level, with the same parallelism (THREADS loader threads / workers), from the
 same photos:
 
 - TBL from JPEG storage (`convert(max_size=256, store="jpeg")`: decode inside the
-  batch pass, DCT-domain downscaling where the crop allows), from variable raw
-  storage (`store="raw"`), and from today's fixed 224 x 224 raw file
-  (`convert(size=224)`, center crop);
+  batch pass, DCT-domain downscaling where the crop allows) twice: with the
+  accurate IDCT (the default, `tbl/jpeg256`) and with the fast IDCT
+  (`jpeg_dct="fast"`, `tbl/jpeg256-fastdct`), which is the one FFCV decodes
+  with; from variable raw storage (`store="raw"`), and from today's fixed
+  224 x 224 raw file (`convert(size=224)`, center crop);
 - FFCV 1.0.2, JPEG mode and raw mode (`RGBImageField(write_mode="jpg" / "raw",
-  max_resolution=256)`), served by its `Loader` with
+  max_resolution=256)`; its JPEG mode decodes every image in full with
+  TurboJPEG's `tjDecompress2(..., TJFLAG_FASTDCT | TJFLAG_NOREALLOC)`, the fast
+  IDCT, then crops and resizes with OpenCV), served by its `Loader` with
   RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip,
   NormalizeImage, ToTensor, ToTorchImage (peer interpreter; skipped with the
   import error where FFCV does not import);
@@ -45,6 +49,7 @@ SUBSET_ROWS = 10_000
 # Goals of the comparison (issue 12): name -> (numerator, denominator, at least).
 GOALS = {
     "tbl jpeg256 vs ffcv jpg256": ("tbl/jpeg256", "ffcv/jpg256", 1.3),
+    "tbl jpeg256 fast IDCT (as FFCV decodes) vs ffcv jpg256": ("tbl/jpeg256-fastdct", "ffcv/jpg256", 1.3),
     "tbl jpeg256 vs pytorch-pil": ("tbl/jpeg256", "pil/jpeg-tar", 4.0),
     "tbl raw256 vs ffcv raw256": ("tbl/raw256", "ffcv/raw256", 1.5),
 }
@@ -85,6 +90,8 @@ def subset_tar(ctx: BenchContext) -> Path:
 TBL_STORAGES = {"tbl/jpeg256": {"max_size": MAX_SIZE, "store": "jpeg"},
                 "tbl/raw256": {"max_size": MAX_SIZE, "store": "raw"},
                 "tbl/fixed224": {"size": OUTPUT_SIZE}}
+# Config name -> (storage config it serves, ImageLoader jpeg_dct): JPEG storage served with each IDCT.
+TBL_JPEG_DCT = {"tbl/jpeg256-fastdct": ("tbl/jpeg256", "fast")}
 
 
 def _tbl_file(ctx: BenchContext, tar: Path, name: str, kwargs: dict) -> tuple[str, str | None]:
@@ -126,10 +133,16 @@ def configurations(ctx: BenchContext) -> list[Config]:
     crop = {"batch_size": BATCH_SIZE, "aug": "crop", "level": "consume", "size": OUTPUT_SIZE}
     tar = subset_tar(ctx)
     configs = []
+    files = {}
     for name, kwargs in TBL_STORAGES.items():
-        path, skip = _tbl_file(ctx, tar, name, kwargs)
+        path, skip = files[name] = _tbl_file(ctx, tar, name, kwargs)
         configs.append(Config(NAME, name, "tbl", "tbl_bench.suites.images:tbl_serve",
                               {"path": path, "threads": THREADS, **crop},
+                              skip=skip, **timing))
+    for name, (storage, jpeg_dct) in TBL_JPEG_DCT.items():
+        path, skip = files[storage]
+        configs.append(Config(NAME, name, "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, "jpeg_dct": jpeg_dct, **crop},
                               skip=skip, **timing))
     for mode in ("jpg", "raw") if ctx.peers else ():
         path, skip = _ffcv_file(ctx, tar, mode)
