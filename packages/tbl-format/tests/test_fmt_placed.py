@@ -136,3 +136,30 @@ def test_free_space_is_checked_up_front(tmp_path: Path) -> None:
     with pytest.raises(tbl_format.InsufficientSpaceError):
         PlacedWriter(tmp_path / "x.tbl", image_schema(64), placed="image", capacity=too_many)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["compile", "placed-file", "placed-writer"])
+def test_a_constructor_ended_early_leaves_no_temp_file(tmp_path: Path, monkeypatch, where: str) -> None:
+    """A Ctrl-C (or any exception) while a writer is being built removes what it made: the caller has no
+    writer to abort yet."""
+    from tbl_format import placed as placed_module
+    from tbl_format import writer as writer_module
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if where == "compile":  # inside FileWriter.__init__, after its spill folder is made
+        monkeypatch.setattr(writer_module.FileWriter, "_compile_fast", interrupt)
+    elif where == "placed-file":  # inside _PlacedFileWriter.__init__, after the temp file is made
+        monkeypatch.setattr(placed_module, "PlacedRegion", interrupt)
+    else:  # inside PlacedWriter.__init__, after its file writer is made
+        monkeypatch.setattr(placed_module.PlacedWriter, "placed", property(interrupt, interrupt), raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        PlacedWriter(tmp_path / "out.tbl", image_schema(8), placed="image", capacity=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    if where == "compile":
+        w = tbl_format.Writer(tmp_path / "streamed.tbl", image_schema(8))
+        with pytest.raises(KeyboardInterrupt):
+            w.write({"image": np.zeros((8, 8, 3), np.uint8), "label": 1})
+        w.abort()
+        assert sorted(p.name for p in tmp_path.iterdir()) == []

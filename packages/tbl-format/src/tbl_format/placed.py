@@ -150,8 +150,8 @@ class _PlacedFileWriter(FileWriter):
         self.fd = -1
         self.region: PlacedRegion | None = None
         super().__init__(final, schema, metadata, None, file_id)
-        self.placed = placed
         try:
+            self.placed = placed
             col = next(c for c in self.columns if c.path == placed)
             assert isinstance(col, FixedColumn)
             col.data.close()
@@ -253,12 +253,16 @@ class PlacedWriter:
         self.overwrite = bool(overwrite)
         check_destination(self.dst, overwrite=self.overwrite)
         self._fw = _PlacedFileWriter(self.dst, self.schema, self.metadata, file_id, placed, capacity)
-        self._others = [c for c in self._fw.columns if c.path != placed]
-        self.placed = placed
-        self.capacity = capacity
-        self.row_bytes = leaves[placed].row_bytes
-        self.path = str(self._fw.tmp)
-        self._done = False
+        try:  # a constructor ended early (a Ctrl-C included) leaves no temp file: there is no writer to abort
+            self._others = [c for c in self._fw.columns if c.path != placed]
+            self.placed = placed
+            self.capacity = capacity
+            self.row_bytes = leaves[placed].row_bytes
+            self.path = str(self._fw.tmp)
+            self._done = False
+        except BaseException:
+            self._fw.abort()
+            raise
 
     def offset(self, slot: int) -> int:
         """Byte offset in `path` of slot ``slot`` (0 <= slot < capacity) of the placed leaf."""

@@ -81,17 +81,19 @@ class FileWriter:
         self.file_id = file_id
         self.tmp = final.parent / f".{final.name}.tbl-tmp-{secrets.token_hex(4)}"
         self.spill_dir = Path(f"{self.tmp}.d")
-        self.spill_dir.mkdir()
         self._spill_names = itertools.count()
         self.rows = 0
         self.columns: list[Column] = []
+        # Whatever ends construction early (a Ctrl-C included) removes what it made: the caller has no
+        # writer to abort yet.
         try:
+            self.spill_dir.mkdir()
             for path, leaf in schema.leaves.items():
                 self.columns.append(make_column(path, leaf, self._new_spill, compression))
+            self.append_fast = self._compile_fast()
         except BaseException:
             self.abort()
             raise
-        self.append_fast = self._compile_fast()
 
     def _new_spill(self, whole_crc: bool) -> Spill:
         return Spill(self.spill_dir / str(next(self._spill_names)), whole_crc)
