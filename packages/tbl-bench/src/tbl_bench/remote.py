@@ -19,10 +19,11 @@ Each child runs at least ``--epochs`` epochs: epoch 1 is cold (nothing
 cached), and warm is the images of the epochs after it over their total time,
 with warm epochs added until they have taken ``--warm-seconds`` (one figure
 over several seconds, not the median of sub-second epochs, which the load of a
-shared machine scatters). The three configurations run one after
-the other in each of ``--rounds`` rounds (interleaved, so a change of the
-machine's load reaches all three); the ratios are taken within a round and
-the report gives each round's and their median. Images/s.
+shared machine scatters). The three configurations run one after the other
+in each of ``--rounds`` rounds (interleaved, so a change of the machine's load
+reaches all three; each round starts with the next one, so none always runs
+first); the ratios are taken within a round and the report gives each round's
+and their median. Images/s.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds = []
         for number in range(1, args.rounds + 1):
             results = {}
-            for label, kind, where in configs:
+            shift = (number - 1) % len(configs)  # each round starts with another configuration
+            for label, kind, where in configs[shift:] + configs[:shift]:
                 cache = tempfile.mkdtemp(dir=work, prefix="cache-")  # fresh: epoch 1 is cold
                 out = subprocess.run([sys.executable, "-c", CHILD, kind, where, cache, opts, str(args.epochs), str(args.warm_seconds)],
                                      capture_output=True, text=True, env=env)

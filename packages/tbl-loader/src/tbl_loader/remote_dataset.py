@@ -183,6 +183,9 @@ class RemoteDataset:
 
     def schedule(self, indices: Any) -> None:
         """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""
+        with self._lock:
+            if len(self._mapped) >= len(self._nonempty):  # every shard is mapped: nothing will be fetched
+                return
         ids = np.asarray(indices, dtype=np.int64)
         shards = self.shard_of(ids)
         _, first = np.unique(shards, return_index=True)
