@@ -8,20 +8,22 @@ are dropped at once). Under a memory limit smaller than the dataset the kernel
 then never has to find room by reclaim, which evicts pages the pass is about to
 read as readily as finished ones and makes it read them twice.
 
-It also knows which shards come next: two threads read them whole into the page
-cache ahead of the batches that first read them (:class:`PageAdvisor`'s
-``read_ahead``). A batch that crops reads parts of rows scattered over its
-window's shards, which the kernel's readahead of faulting pages serves at a
-fraction of the disk's rate; two sequential readers get the disk's own rate.
+It also knows which shards come next: it asks the kernel to read them whole
+into the page cache (``POSIX_FADV_WILLNEED``) ahead of the batches that first
+read them (:class:`PageAdvisor`'s ``read_ahead``). A batch that crops reads
+parts of rows scattered over its window's shards, which the kernel's readahead
+of faulting pages serves at a fraction of the disk's rate; whole shards asked
+for ahead come at about the disk's own rate.
 What is read ahead stays within half the memory available less the shards
 being read: past that, the reads ahead would evict the very pages being read.
 
 Measured with ``python -m tbl_bench.out_of_core --serve train`` (RandomResizedCrop
-+ flip to float16, a dataset 4x a cgroup memory limit, 2 loaded cores): read-ahead
-served 1.3-1.7x the release alone, round by round. With the stored pixels copied
-as they are (``--serve copy``) the release alone already reaches about the disk's
-sequential rate, and read-ahead adds little. The former ``MADV_WILLNEED`` hints
-reached about half of it.
++ flip to float16, a dataset 4x a cgroup memory limit, 2 cores): read-ahead
+served 1.3-1.7x the release alone, round by round, and 0.87x the disk's own
+sequential rate. With the stored pixels copied as they are (``--serve copy``)
+the release alone already reaches about the disk's sequential rate. The former
+``MADV_WILLNEED`` hints on the mapping, given for upcoming rows without a
+budget, reached about half of it.
 
 Only a dataset that does not fit is released: dropping pages of one that fits
 would make every epoch read it from disk again. At the start of each pass the
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = ["PageAdvisor", "fits_in_memory", "memory_available"]
 
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 _FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
+_FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _BUDGET_EVERY = 8  # batches between two measures of the memory available for reading ahead
 
 
@@ -154,7 +156,7 @@ class PageAdvisor:
         read = read[np.argsort(first[read], kind="stable")]
         self._sequence = [(int(k), int(first[k])) for k in read]
         self._next = 0  # the next position of _sequence to read ahead
-        self._read_ahead = bool(read_ahead) and self.files is not None and hasattr(os, "preadv")
+        self._read_ahead = bool(read_ahead) and self.files is not None and _FADV_WILLNEED is not None
         # (batch number it was measured at, bytes). Nothing is read ahead before the first measure, a few
         # batches in: the loader's own buffers take their memory as the first batches are written.
         self._budget = (0, 0)
@@ -225,36 +227,28 @@ class PageAdvisor:
 
 
 class _ShardReader:
-    """Reads byte ranges of files into the page cache on two threads: the disk's own sequential rate needs more
-    than one request in flight (a virtio disk read 0.6 GB/s with one reader, 1.1-1.5 GB/s with two), which the
-    kernel's readahead of faulting pages does not keep up with when a batch reads parts of rows (crops)."""
-
-    _CHUNK = 4 << 20
+    """Asks the kernel to read byte ranges of files into the page cache (``POSIX_FADV_WILLNEED``), from two
+    threads so that the loader's thread never waits for the request to be queued. A batch that crops reads
+    parts of rows scattered over its window's shards, and the kernel's readahead of faulting pages serves
+    those at a fraction of the disk's rate; whole shards asked for ahead come at the disk's own rate.
+    (Reading them into a buffer with ``preadv`` served the same, with a copy of every byte.)"""
 
     def __init__(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="tbl-read-ahead")
-        self._local = threading.local()
 
     def read(self, path: Any, offset: int, length: int) -> None:
         self._pool.submit(self._read, path, offset, length)
 
-    def _read(self, path: Any, offset: int, length: int) -> None:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = bytearray(self._CHUNK)
+    @staticmethod
+    def _read(path: Any, offset: int, length: int) -> None:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
-            return  # read ahead is optional: the gather reads the pages itself
+            return  # read-ahead is optional: the gather reads the pages itself
         try:
-            end = offset + length
-            while offset < end:
-                got = os.preadv(fd, [memoryview(buf)[: min(self._CHUNK, end - offset)]], offset)
-                if got <= 0:
-                    break
-                offset += got
+            os.posix_fadvise(fd, offset, length, _FADV_WILLNEED)
         except OSError:
             pass
         finally:
