@@ -150,12 +150,16 @@ class PageAdvisor:
         np.maximum.at(self.last, shard, batch)
         first = np.full(len(segments), np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(first, shard, batch)
-        self.released: set[int] = set()
-        # The shards in the order the pass first reads them, with that batch number.
         read = np.flatnonzero(self.last >= 0)
-        read = read[np.argsort(first[read], kind="stable")]
-        self._sequence = [(int(k), int(first[k])) for k in read]
+        # The shards the pass reads in the order it is done with them, and how many of them are released:
+        # a batch looks at the next few only, not at every shard of the dataset.
+        self._by_last = [(int(k), int(self.last[k])) for k in read[np.argsort(self.last[read], kind="stable")]]
+        self._released = 0
+        # The shards in the order the pass first reads them, with that batch number.
+        self._sequence = [(int(k), int(first[k])) for k in read[np.argsort(first[read], kind="stable")]]
+        self._position = {k: i for i, (k, _) in enumerate(self._sequence)}
         self._next = 0  # the next position of _sequence to read ahead
+        self._held = 0  # bytes of the shards before _next not released yet: being read, or read ahead
         self._read_ahead = bool(read_ahead) and self.files is not None and _FADV_WILLNEED is not None
         # (batch number it was measured at, bytes). Nothing is read ahead before the first measure, a few
         # batches in: the loader's own buffers take their memory as the first batches are written.
@@ -187,10 +191,12 @@ class PageAdvisor:
     def batch(self, number: int) -> None:
         """Batch ``number`` of the pass is about to be read: release the shards no batch from here on reads,
         and (with ``read_ahead``) read ahead the next shards the pass reads, within the budget."""
-        for k in np.flatnonzero((self.last >= 0) & (self.last < number)).tolist():
-            if k not in self.released:
-                self.released.add(k)
-                self._release(k)
+        while self._released < len(self._by_last) and self._by_last[self._released][1] < number:
+            k = self._by_last[self._released][0]
+            self._released += 1
+            self._release(k)
+            if self._position[k] < self._next:
+                self._held -= self.sizes[k]
         if self._read_ahead:
             self._schedule_reads(number)
 
@@ -199,6 +205,9 @@ class PageAdvisor:
         # A shard the pass reads already is left to the gather's own faults: reading it whole beside them
         # can only add pages to a limit that may hold no more than the parts of rows the gather reads.
         while self._next < len(sequence) and sequence[self._next][1] <= number:
+            k = sequence[self._next][0]
+            if self.last[k] >= number:  # not released already (a shard read by one batch only may be)
+                self._held += self.sizes[k]
             self._next += 1
         if self._next >= len(sequence):
             return
@@ -206,17 +215,16 @@ class PageAdvisor:
             self._budget = (number, (memory_available() or 0) // 2)
         # Half the memory available holds the shards being read now and those read ahead; the other half
         # is slack for the process's own growth and the kernel's readahead around faults.
-        reading = sum(self.sizes[k] for k, first in sequence[: self._next] if k not in self.released)
         while self._next < len(sequence):
             k, _ = sequence[self._next]
-            if reading + self.sizes[k] > self._budget[1]:
+            if self._held + self.sizes[k] > self._budget[1]:
                 break
             found = self.maps[k]
             if found is not None and self.sizes[k]:
                 if self._reader is None:
                     self._reader = _ShardReader()
                 self._reader.read(self.files[k], found[1], self.sizes[k])
-            reading += self.sizes[k]
+            self._held += self.sizes[k]
             self._next += 1
 
     def close(self) -> None:

@@ -183,9 +183,8 @@ class RemoteDataset:
 
     def schedule(self, indices: Any) -> None:
         """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""
-        with self._lock:
-            if len(self._mapped) >= len(self._nonempty):  # every shard is mapped: nothing will be fetched
-                return
+        if self._all_mapped():  # nothing will be fetched
+            return
         ids = np.asarray(indices, dtype=np.int64)
         shards = self.shard_of(ids)
         _, first = np.unique(shards, return_index=True)
@@ -240,6 +239,10 @@ class RemoteDataset:
         self._prepare(used)
         return self._gather(leaves, ids, shard, used)
 
+    def _all_mapped(self) -> bool:
+        """Whether every shard holding rows is mapped (only those are ever mapped)."""
+        return len(self._mapped) >= len(self._nonempty)
+
     def _whole_columns(self, leaves: list[str]) -> dict[str, list[Any]] | None:
         """Every non-empty shard's columns when all of them are mapped, else None.
 
@@ -247,7 +250,7 @@ class RemoteDataset:
         unmapped again (only more than ``max_mapped`` maps are). A batch then reads the columns as a local
         dataset's are read, its rows as they are: nothing to locate or map batch by batch."""
         with self._lock:
-            if len(self._mapped) < len(self._nonempty):  # only shards holding rows are ever mapped
+            if not self._all_mapped():
                 return None
             if self._whole is None:
                 self._whole = {}
