@@ -143,7 +143,8 @@ def _bars(ax, ok: list[dict[str, Any]], suite: dict[str, Any]) -> None:
         handles.append(Patch(facecolor=ROLE_COLORS["subject"], edgecolor="white", hatch="///",
                              label="peer: another tool, run under the peer interpreter"))
     handles.append(Line2D([], [], color="#222222", marker="|", markersize=8, linestyle="-", label=SPREAD_LABEL))
-    ax.legend(handles=handles, fontsize=7, loc="lower right", framealpha=0.9)
+    # Beside the axes, not on them: inside, it covered the value labels of the longest bars.
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
 
 
 def _suite_title(suite: dict[str, Any]) -> str:
@@ -165,7 +166,7 @@ def write_charts(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         if not ok:
             continue
         height = max(3.2, 0.32 * len(ok) + 2.0)
-        fig, ax = plt.subplots(figsize=(11, height))
+        fig, ax = plt.subplots(figsize=(13, height))
         _bars(ax, ok, suite)
         ax.set_title(_suite_title(suite), fontsize=10)
         fig.tight_layout(rect=(0, _FOOT_IN / height, 1, 0.97))
