@@ -107,7 +107,7 @@ class RemoteDataset:
         self._templates: dict[str, np.ndarray] = {}
         self._prepared: list[int] = []  # the shards the last prepare_rows mapped
         self._nonempty = [k for k, count in enumerate(self._counts.tolist()) if count]
-        self._whole: dict[tuple[str, ...], dict[str, list[Any]]] | None = None  # see _whole_columns
+        self._whole: dict[tuple[str, ...], dict[str, list[Any]]] = {}  # by leaves: see _whole_columns
         # Downloads ahead stay within what the cache holds besides the shards being read.
         lookahead = min(lookahead, max(0, self.max_mapped - 1))
         self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
@@ -155,7 +155,7 @@ class RemoteDataset:
             if k not in keep:
                 for leaf in self._meta.leaf_paths:
                     self._columns.pop((k, leaf), None)
-                self._whole = None
+                self._whole.clear()
                 self._mapped.pop(k).close()  # the map goes when the last view of it goes
 
     def _locate(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -252,8 +252,6 @@ class RemoteDataset:
         with self._lock:
             if not self._all_mapped():
                 return None
-            if self._whole is None:
-                self._whole = {}
             key = tuple(leaves)
             found = self._whole.get(key)
             if found is None:
@@ -310,7 +308,8 @@ class RemoteDataset:
         self.fetcher.close()
         with self._lock:
             self._columns.clear()
-            self._whole, self._prepared = None, []
+            self._whole.clear()
+            self._prepared = []
             for shard in self._mapped.values():
                 shard.close()
             self._mapped.clear()
