@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,52 @@ def test_same_bytes_as_the_streaming_writer(tmp_path: Path, skip: tuple[int, ...
         assert np.array_equal(np.concatenate([np.array(a) for a in ds.segments("image")]), images[kept])
     finally:
         ds.close()
+
+
+@pytest.mark.parametrize("skip", [(), (2, 3)])
+def test_committed_rows_are_handed_to_the_disk_in_steps(tmp_path: Path, monkeypatch, skip: tuple[int, ...]) -> None:
+    """Writeback is asked for committed bytes only, in order and without gaps, and changes no byte."""
+    from tbl_format import placed as placed_module
+
+    asked: list[tuple[int, int]] = []
+    given: list[bool] = []
+    real = placed_module.start_writeback
+
+    def recording(fd: int, offset: int, length: int) -> bool:
+        asked.append((offset, length))
+        given.append(real(fd, offset, length))
+        return given[-1]
+
+    monkeypatch.setattr(placed_module, "WRITEBACK_STEP", 5000)
+    monkeypatch.setattr(placed_module, "start_writeback", recording)
+    n, side = 40, 20  # rows of 1,200 B: a step every fifth row
+    images = np.random.default_rng(7).integers(0, 256, (n, side, side, 3), dtype=np.uint8)
+    kept = [i for i in range(n) if i not in skip]
+    want = streamed(tmp_path / "a.tbl", image_schema(side), images, kept, {})
+    got, base = placed(tmp_path / "b.tbl", image_schema(side), images, kept, {})
+    assert got == want
+    row = side * side * 3
+    ends = [off + length - base for off, length in asked]
+    assert [off - base for off, _ in asked] == [0, *ends[:-1]]  # from the start of the region, no gaps
+    assert ends == [row * k for k in range(5, len(kept) + 1, 5)]  # whole committed rows, once 5,000 B gathered
+    assert all(given) == sys.platform.startswith("linux")
+
+
+def test_start_writeback_is_a_hint_that_changes_nothing(tmp_path: Path) -> None:
+    from tbl_format.fsutil import start_writeback
+
+    data = os.urandom(3 * 4096 + 100)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert start_writeback(fd, 0, len(data)) == sys.platform.startswith("linux")
+        assert start_writeback(fd, 4096, 0) is False  # nothing to write back
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert start_writeback(fd, 0, 4096) is False  # a closed descriptor: the hint is not given, nothing raised
+    assert path.read_bytes() == data
 
 
 def test_placed_leaf_after_another_and_header_across_a_page(tmp_path: Path) -> None:

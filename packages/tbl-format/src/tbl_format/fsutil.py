@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import stat
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InsufficientSpaceError, NotRegularFileError
 
-__all__ = ["ensure_space", "file_kind", "fsync_dir", "open_regular", "read_regular"]
+__all__ = ["ensure_space", "file_kind", "fsync_dir", "open_regular", "read_regular", "start_writeback"]
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
 
 def fsync_dir(path: Path) -> None:
@@ -18,6 +24,38 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's sync_file_range (Linux), or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Ask the kernel to start writing bytes [offset, offset + length) of ``fd`` to disk, without waiting.
+
+    A writer calls it on bytes it will not change again, so that the disk
+    writes them while the writer works on and its final fsync finds little
+    left: the page cache writes a file back by itself only once its dirty
+    pages are 30 s old or a tenth of memory, so without the hint the whole
+    file waits for the fsync with the CPUs idle. A hint only: the file's bytes
+    are the same with or without it, durability still comes from the fsync
+    (which also reports any write error), and where there is no
+    ``sync_file_range`` (not Linux) nothing is done. True if the hint was given.
+    """
+    sync_file_range = _sync_file_range()
+    if sync_file_range is None or length <= 0:
+        return False
+    return sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
 
 
 def file_kind(mode: int) -> str:

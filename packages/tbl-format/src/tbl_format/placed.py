@@ -13,7 +13,8 @@ Commit order is row order: ``commit(slot, values)`` makes the bytes at slot
 ``slot`` the next row. A slot that is not the next row (earlier slots were
 never committed: a skipped image) is moved down to it, so committed rows are
 always contiguous; the per-block CRC-32s are computed as rows are committed,
-from the page cache (a memory map), never from a second copy.
+from the page cache (a memory map), never from a second copy, and committed
+bytes are handed to the disk as they accumulate (``WRITEBACK_STEP``).
 
 The file is byte-for-byte the file `Writer` writes from the same rows
 (same layout, header and checksums): the placed column is staged where it
@@ -43,7 +44,7 @@ from typing import Any
 from .columns import FixedColumn, copy_into
 from .destination import check_destination
 from .errors import SchemaMismatchError
-from .fsutil import ensure_space, fsync_dir
+from .fsutil import ensure_space, fsync_dir, start_writeback
 from .layout import BLOCK_SIZE, PREAMBLE_SIZE, align_up
 from .schema import Schema
 from .writer import FileWriter, check_header_room, check_metadata
@@ -51,6 +52,9 @@ from .writer import FileWriter, check_header_room, check_metadata
 __all__ = ["PlacedWriter"]
 
 _MOVE_CHUNK = 8 * BLOCK_SIZE
+#: Committed rows are handed to the disk in steps of this many bytes (`fsutil.start_writeback`), so that the
+#: final fsync finds little left to write: without it, a 768 MiB column waited 0.35-0.65 s there, CPUs idle.
+WRITEBACK_STEP = 16 * BLOCK_SIZE
 _MAX_U32 = 0xFFFFFFFF
 
 
@@ -76,6 +80,7 @@ class PlacedRegion:
         self.crc = 0  # no whole-region CRC: a data region is covered by its block CRCs
         self._block_crc = 0
         self._block_fill = 0
+        self._written_back = 0  # bytes of the region handed to the disk so far (start_writeback)
         span = row_bytes * capacity
         # A map starts at a multiple of the allocation granularity (4096 on Linux, where base already is one).
         self._skip = base % mmap.ALLOCATIONGRANULARITY
@@ -112,6 +117,10 @@ class PlacedRegion:
                     self._block_crc = 0
                     self._block_fill = 0
             data.release()
+        done = (row + 1) * rb
+        if done - self._written_back >= WRITEBACK_STEP:
+            start_writeback(self.fd, self.base + self._written_back, done - self._written_back)
+            self._written_back = done
 
     def finish(self) -> None:
         """Close the last, partial block; unmap (nothing reads through the map after this)."""
