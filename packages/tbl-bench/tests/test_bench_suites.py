@@ -198,3 +198,37 @@ def test_convert_configurations_and_ratios(tmp_path):
                                              "tbl vs turboloader": pytest.approx(3.0),
                                              "tbl vs ffcv-raw": pytest.approx(2.0)}
     assert convert_suite.ratios({"decode-limit": _ok(1.0)}) == {}
+
+
+@pytest.mark.parametrize("suffix", [".out", ""])  # a file, a folder
+def test_conversion_epochs_delete_the_previous_output_untimed(suffix):
+    """Each epoch converts into a fresh path; the previous output goes in prepare_epoch (the runner does
+    not time it), the last one with the folder at close."""
+    from tbl_bench.conversions import ConversionEpochs
+
+    class Writes(ConversionEpochs):
+        def __init__(self):
+            self.items_per_epoch, self.info, self.made = 3, {}, []
+            super().__init__("tbl-bench-test-", suffix)
+
+        def convert_into(self, dst):
+            self.made.append(dst)
+            if suffix:
+                dst.write_bytes(b"x" * 10)
+            else:
+                dst.mkdir()
+                for name in ("a", "b"):
+                    (dst / name).write_bytes(b"x" * 5)
+            return self.items_per_epoch
+
+    w = Writes()
+    for epoch in range(3):
+        assert [p for p in w.made if p.exists()] == w.made[-1:]  # the previous epoch's output is left ...
+        w.prepare_epoch(epoch)
+        assert not any(p.exists() for p in w.made)  # ... until the next epoch is prepared
+        assert w.run_epoch(epoch) == 3
+        assert w.made[-1].exists() and w.info["output_bytes"] == 10
+    assert len(set(w.made)) == 3
+    folder = w.made[-1].parent
+    w.close()
+    assert not folder.exists()

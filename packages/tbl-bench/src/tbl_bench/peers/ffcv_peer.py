@@ -15,7 +15,10 @@ normalization to float32 through a lookup table, then a torch NCHW view;
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tbl_bench.config import SkipConfig
+from tbl_bench.conversions import ConversionEpochs
 from tbl_bench.peers.decoded import decoded_images
 from tbl_bench.peers.epochs import ImageLabelEpochs
 from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
@@ -145,32 +148,20 @@ def ffcv_write_photos(tar: str, dst: str, write_mode: str, max_resolution: int, 
     return len(photos)
 
 
-class _Convert:
-    """One `ffcv_write_photos` of the TAR per epoch into a fresh .beton, deleted after (the convert suite)."""
+class _Convert(ConversionEpochs):
+    """One `ffcv_write_photos` of the TAR per epoch into a fresh .beton (the convert suite)."""
 
     def __init__(self, tar: str, size: int, write_mode: str, workers: int):
-        import tempfile
-        from pathlib import Path
-
         from tbl_bench.peers.pil import index_tar
 
         _require_ffcv()
         self.tar, self.size, self.write_mode, self.workers = tar, size, write_mode, workers
         self.items_per_epoch = len(index_tar(tar)[0])
-        self._tmp = Path(tempfile.mkdtemp(prefix="tbl-bench-ffcv-convert-"))
         self.info = {"workers": workers, "write_mode": write_mode, "max_resolution": size}
+        super().__init__("tbl-bench-ffcv-convert-", ".beton")
 
-    def run_epoch(self, epoch: int) -> int:
-        dst = self._tmp / f"epoch{epoch}.beton"
-        n = ffcv_write_photos(self.tar, str(dst), self.write_mode, self.size, self.workers)
-        self.info["output_bytes"] = dst.stat().st_size
-        dst.unlink()
-        return n
-
-    def close(self) -> None:
-        import shutil
-
-        shutil.rmtree(self._tmp, ignore_errors=True)
+    def convert_into(self, dst: Path) -> int:
+        return ffcv_write_photos(self.tar, str(dst), self.write_mode, self.size, self.workers)
 
 
 def ffcv_convert(tar: str, size: int, write_mode: str, workers: int = 2):

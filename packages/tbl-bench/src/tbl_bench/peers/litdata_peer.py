@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import io
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from tbl_bench.config import SkipConfig
+from tbl_bench.conversions import ConversionEpochs
 from tbl_bench.peers.epochs import ImageLabelEpochs
 from tbl_bench.peers.pil import index_tar
 from tbl_bench.peers.transforms import transform_image
@@ -60,23 +59,16 @@ def litdata_optimize(tar: str, dst: str | Path, size: int, workers: int = 2) -> 
     return len(inputs)
 
 
-class _Convert:
+class _Convert(ConversionEpochs):
     def __init__(self, tar: str, size: int, workers: int, count: int):
         _import_litdata()
         self.tar, self.size, self.workers = tar, size, workers
         self.items_per_epoch = count
-        self._tmp = Path(tempfile.mkdtemp(prefix="tbl-bench-litdata-convert-"))
         self.info = {"workers": workers}
+        super().__init__("tbl-bench-litdata-convert-", "")
 
-    def run_epoch(self, epoch: int) -> int:
-        dst = self._tmp / f"epoch{epoch}"
-        n = litdata_optimize(self.tar, dst, self.size, self.workers)
-        self.info["output_bytes"] = sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())
-        shutil.rmtree(dst)
-        return n
-
-    def close(self) -> None:
-        shutil.rmtree(self._tmp, ignore_errors=True)
+    def convert_into(self, dst: Path) -> int:
+        return litdata_optimize(self.tar, dst, self.size, self.workers)
 
 
 def litdata_convert(tar: str, size: int, count: int, workers: int = 2):

@@ -8,11 +8,10 @@ Labels are not stored by `preprocess_to_tbl`; the loader yields sample indices.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from tbl_bench.config import SkipConfig
+from tbl_bench.conversions import ConversionEpochs
 from tbl_bench.levels import consume_batch
 
 __all__ = ["import_turboloader", "turbo_convert", "turbo_preprocess", "turbo_serve"]
@@ -31,23 +30,16 @@ def turbo_preprocess(tar: str, dst: str, size: int, workers: int = 2) -> int:
     return import_turboloader().preprocess_to_tbl(str(tar), str(dst), image_size=size, num_workers=workers)
 
 
-class _Convert:
+class _Convert(ConversionEpochs):
     def __init__(self, tar: str, size: int, workers: int, count: int):
         self.t = import_turboloader()
         self.tar, self.size, self.workers = tar, size, workers
         self.items_per_epoch = count
-        self._tmp = Path(tempfile.mkdtemp(prefix="tbl-bench-tl-convert-"))
         self.info = {"workers": workers}
+        super().__init__("tbl-bench-tl-convert-", ".tbl")
 
-    def run_epoch(self, epoch: int) -> int:
-        dst = self._tmp / f"epoch{epoch}.tbl"
-        n = self.t.preprocess_to_tbl(self.tar, dst, image_size=self.size, num_workers=self.workers)
-        self.info["output_bytes"] = dst.stat().st_size
-        dst.unlink()
-        return n
-
-    def close(self) -> None:
-        shutil.rmtree(self._tmp, ignore_errors=True)
+    def convert_into(self, dst: Path) -> int:
+        return self.t.preprocess_to_tbl(self.tar, dst, image_size=self.size, num_workers=self.workers)
 
 
 def turbo_convert(tar: str, size: int, count: int, workers: int = 2):

@@ -14,8 +14,9 @@ and FFCV 1.0.2's `DatasetWriter` from the photos at ``max_resolution=size``
 in its two modes, ``raw`` (decoded pixels) and ``jpg`` (re-encoded; FFCV
 keeps the aspect ratio, so its images are not squashed). Each tool gets as
 many workers as there are usable cores. Every epoch converts from scratch
-into a fresh destination that is deleted after; reading the TAR's member
-list is part of each converter's time (the decode limit's is not).
+into a fresh destination, deleted before the next epoch, untimed
+(`tbl_bench.conversions`); reading the TAR's member list is part of each
+converter's time (the decode limit's is not).
 
 With ``--data TAR`` (an ImageNet-layout TAR of JPEGs) and ``--image-size``,
 the user's TAR is converted at that size instead of the generated photos.
@@ -26,13 +27,12 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
-import shutil
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext
+from tbl_bench.conversions import ConversionEpochs
 
 NAME = "convert"
 TITLE = "Conversion (JPEG TAR to a served format)"
@@ -41,7 +41,7 @@ COMPARE_ON = ()
 DECODE_CHUNK = 32  # images per task of the decode limit, as `tbl convert` hands them to its workers
 
 
-class _TblConvert:
+class _TblConvert(ConversionEpochs):
     def __init__(self, tar: str, size: int, mode: str, workers: int, count: int):
         try:
             from tbl_loader import convert
@@ -50,22 +50,16 @@ class _TblConvert:
         self.convert = convert
         self.tar, self.size, self.mode, self.workers = tar, size, mode, workers
         self.items_per_epoch = count
-        self._tmp = Path(tempfile.mkdtemp(prefix="tbl-bench-convert-"))
         self.info = {"workers": workers, "mode": mode}
+        super().__init__("tbl-bench-convert-", ".tbl")
 
-    def run_epoch(self, epoch: int) -> int:
-        dst = self._tmp / f"epoch{epoch}.tbl"
+    def convert_into(self, dst: Path) -> int:
         rep = self.convert(self.tar, dst, self.size, mode=self.mode, workers=self.workers,
                            report=False, progress=False)
-        self.info["output_bytes"] = dst.stat().st_size
-        dst.unlink()
         if rep.status != "ok":
             raise RuntimeError(f"tbl convert failed: {rep.error}")
         self.info["draft"] = rep.draft
         return rep.written
-
-    def close(self) -> None:
-        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def tbl_convert(tar: str, size: int, count: int, mode: str = "squash", workers: int = 2):
