@@ -16,13 +16,13 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .codec import load_lz4_block
+from .crc import crc32
 from .errors import SchemaMismatchError
 from .kinds import EncodeError
 from .layout import BLOCK_SIZE, LZ4_BLOCK
@@ -80,9 +80,9 @@ class Spill:
         with memoryview(buf) as mv:
             part = mv[:n]
             for k in range(0, n, BLOCK_SIZE):
-                self.blocks.append(zlib.crc32(part[k : k + BLOCK_SIZE]))
+                self.blocks.append(crc32(part[k : k + BLOCK_SIZE]))
             if self.whole_crc:
-                self.crc = zlib.crc32(part, self.crc)
+                self.crc = crc32(part, self.crc)
             self.f.write(part)
             part.release()
         del buf[:n]
@@ -116,8 +116,8 @@ class Bytes:
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.size = len(data)
-        self.blocks = array("I", (zlib.crc32(data[k : k + BLOCK_SIZE]) for k in range(0, len(data), BLOCK_SIZE)))
-        self.crc = zlib.crc32(data)
+        self.blocks = array("I", (crc32(data[k : k + BLOCK_SIZE]) for k in range(0, len(data), BLOCK_SIZE)))
+        self.crc = crc32(data)
 
 
 class _Heap:

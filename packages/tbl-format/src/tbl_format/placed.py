@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import mmap
 import os
-import zlib
 from array import array
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .columns import FixedColumn, copy_into
+from .crc import crc32
 from .destination import check_destination
 from .errors import SchemaMismatchError
 from .fsutil import ensure_space, fsync_dir, start_writeback
@@ -109,7 +109,7 @@ class PlacedRegion:
             done = 0
             while done < rb:
                 n = min(rb - done, BLOCK_SIZE - self._block_fill)
-                self._block_crc = zlib.crc32(data[done : done + n], self._block_crc)
+                self._block_crc = crc32(data[done : done + n], self._block_crc)
                 self._block_fill += n
                 done += n
                 if self._block_fill == BLOCK_SIZE:

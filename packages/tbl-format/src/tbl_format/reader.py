@@ -23,7 +23,6 @@ import json
 import os
 import struct
 import sys
-import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .codec import load_lz4_block
+from .crc import crc32
 from .errors import (
     BadMagicError,
     CorruptDataError,
@@ -261,7 +261,7 @@ class TblFile(Shard):
         if data_start > size:
             raise TruncatedFileError(f"{where}: {size} bytes, header needs {data_start}")
         header_bytes = mm[PREAMBLE_SIZE:data_start]
-        if zlib.crc32(header_bytes, zlib.crc32(mm[:PREAMBLE_CRC_SPAN])) != crc:
+        if crc32(header_bytes, crc32(mm[:PREAMBLE_CRC_SPAN])) != crc:
             raise HeaderChecksumError(f"{where}: header CRC-32 mismatch")
         self.header_crc32 = crc
         if size < fsize:
@@ -349,7 +349,7 @@ class TblFile(Shard):
         region = Region(name, off, length, first)
         if table:
             want = _nonneg(obj, "crc32", w)
-            if zlib.crc32(memoryview(self._mm)[off : off + length]) != want:
+            if crc32(memoryview(self._mm)[off : off + length]) != want:
                 raise TableChecksumError(f"{w}: CRC-32 mismatch")
         return region
 
@@ -698,7 +698,7 @@ def read_range(a, b):
         for path, r in regions:
             for j, k in enumerate(range(0, r.size, bs)):
                 n = min(bs, r.size - k)
-                if zlib.crc32(mv[r.offset + k : r.offset + k + n]) != crc_of[r.first_block + j]:
+                if crc32(mv[r.offset + k : r.offset + k + n]) != crc_of[r.first_block + j]:
                     raise DataChecksumError(
                         f"{self.path}: leaf {path!r}: {r.name} block {j} (bytes {r.offset + k}..{r.offset + k + n}) "
                         "fails its CRC-32",
@@ -788,7 +788,7 @@ def read_range(a, b):
         b = r.offset + min(r.size, (j + 1) * bs)
         g = r.first_block + j
         want = struct.unpack_from("<I", self._mm, self._crc_table.offset + 4 * g)[0]
-        if zlib.crc32(self._mv[a:b]) != want:
+        if crc32(self._mv[a:b]) != want:
             raise DataChecksumError(
                 f"{self.path}: leaf {path!r}: {r.name} block {j} (checksum entry {g}, bytes {a}..{b}) fails its "
                 f"CRC-32; it holds rows {rows}",

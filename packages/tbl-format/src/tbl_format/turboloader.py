@@ -28,11 +28,11 @@ import json
 import os
 import struct
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
 from .codec import load_lz4_block
+from .crc import crc32
 from .errors import (
     BadMagicError,
     CorruptDataError,
@@ -142,7 +142,7 @@ class TurboLoaderFile(Shard):
             raise UnsupportedVersionError(f"{where}: TBL v2 magic with version {version}; this reader knows version 2")
         head = bytearray(mm[: HEADER.size])
         head[HEADER_CRC_AT : HEADER_CRC_AT + 4] = b"\0\0\0\0"
-        if zlib.crc32(head) != crc:
+        if crc32(head) != crc:
             raise HeaderChecksumError(f"{where}: v2 header CRC-32 mismatch")
         self.header_crc32 = crc
         self.flags = flags

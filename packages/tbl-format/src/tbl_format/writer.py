@@ -29,7 +29,6 @@ import secrets
 import shutil
 import struct
 import sys
-import zlib
 from array import array
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 
 from .codec import load_lz4_block
 from .columns import TABLES, Bytes, Column, FixedColumn, Spill, copy_into, make_column, mismatch, promotable
+from .crc import crc32
 from .destination import check_destination
 from .errors import InvalidSchemaError, MetadataError, SchemaMismatchError
 from .fsutil import ensure_space, fsync_dir
@@ -222,7 +222,7 @@ def append_fast(sample, idx):
         # The lowest minor that has what the schema uses: a file of 1.0 features stays readable by 1.0 readers.
         version = (FORMAT_VERSION[0], self.schema.minor)
         head = PREAMBLE.pack(MAGIC, *version, len(header), file_size, 0, 0)[:PREAMBLE_CRC_SPAN]
-        crc = zlib.crc32(header, zlib.crc32(head))
+        crc = crc32(header, crc32(head))
         preamble = PREAMBLE.pack(MAGIC, *version, len(header), file_size, crc, 0)
         # The spill files still hold every byte until the file is assembled: it needs its whole size again.
         ensure_space(self.tmp.parent, self._assembly_space(file_size), f"assembling {self.final.name}")
