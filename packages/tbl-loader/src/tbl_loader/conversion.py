@@ -149,11 +149,14 @@ __all__ = [
 ]
 
 ON_ERROR = ("fail", "skip")
-# Images per task: enough to amortise inter-process overhead, few enough that a
-# small dataset still spreads over every worker and a chunk's pixels stay under
-# CHUNK_BYTES. With CHUNKS_IN_FLIGHT_PER_WORKER chunks queued or returned per
-# worker, decoded pixels in flight stay under about 16 MiB per worker.
-MAX_CHUNK = 32
+# Images per task: enough to amortise inter-process overhead (a task costs the
+# converting process ~0.5 ms: 64 rather than 32 took its CPU for 10,000 images
+# from 0.58 to 0.47 s), few enough that a small dataset still spreads over every
+# worker and that the last tasks end close together. When the pixels travel back
+# (not written in place), a chunk's pixels also stay under CHUNK_BYTES: with
+# CHUNKS_IN_FLIGHT_PER_WORKER chunks queued or returned per worker, decoded
+# pixels in flight stay under about 16 MiB per worker.
+MAX_CHUNK = 64
 CHUNK_BYTES = 4 << 20
 CHUNKS_IN_FLIGHT_PER_WORKER = 4
 SUMMARY_ERRORS = 20  # failed files named in the printed summary; the report file lists all
@@ -507,7 +510,7 @@ def _results_in_order(
         finally:
             decoder.close()
         return
-    by_bytes = CHUNK_BYTES // recipe.pixel_bytes()
+    by_bytes = MAX_CHUNK if placement is not None else CHUNK_BYTES // recipe.pixel_bytes()
     by_spread = math.ceil(len(locators) / (workers * CHUNKS_IN_FLIGHT_PER_WORKER))
     chunk = max(1, min(MAX_CHUNK, by_bytes, by_spread))
     starts = iter(range(0, len(locators), chunk))
