@@ -216,7 +216,8 @@ def _is_image_name(name: str) -> bool:
 
 
 def _is_hidden(rel: str) -> bool:
-    return any(part.startswith(".") for part in rel.split("/"))
+    """A part of the /-separated path starts with a dot (the same test as on each part, without splitting)."""
+    return rel.startswith(".") or "/." in rel
 
 
 def parse_label_file(path: str | os.PathLike[str]) -> tuple[dict[str, int], list[str]]:
