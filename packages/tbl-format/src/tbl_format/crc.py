@@ -4,8 +4,9 @@
 else the standard library's ``zlib.crc32``: the same function, with the same
 signature (``crc32(data, value=0)``), releasing the GIL on large buffers. ISA-L's
 folds with carry-less multiplication, about three times zlib's speed on x86-64
-(9.7 against 3.3 GB/s on this project's CI machine), and a conversion's writer
-and a full verify spend most of their own CPU time checksumming.
+(9.7 against 3.3 GB/s on the 2-core VM of docs/benchmarks.md), and a
+conversion's writer and a full verify spend most of their own CPU time
+checksumming.
 """
 
 from __future__ import annotations
