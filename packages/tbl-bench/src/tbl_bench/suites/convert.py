@@ -38,7 +38,7 @@ NAME = "convert"
 TITLE = "Conversion (JPEG TAR to a served format)"
 UNIT = "images/s"
 COMPARE_ON = ()
-DECODE_CHUNK = 32  # images per task of the decode limit, as `tbl convert` hands them to its workers
+DECODE_CHUNK = 64  # images per task of the decode limit, as `tbl convert --size` hands them to its workers
 
 
 class _TblConvert(ConversionEpochs):
