@@ -510,9 +510,11 @@ def _results_in_order(
         finally:
             decoder.close()
         return
-    by_bytes = MAX_CHUNK if placement is not None else CHUNK_BYTES // recipe.pixel_bytes()
     by_spread = math.ceil(len(locators) / (workers * CHUNKS_IN_FLIGHT_PER_WORKER))
-    chunk = max(1, min(MAX_CHUNK, by_bytes, by_spread))
+    chunk = min(MAX_CHUNK, by_spread)
+    if placement is None:  # the pixels travel back: a chunk's stay under CHUNK_BYTES
+        chunk = min(chunk, CHUNK_BYTES // recipe.pixel_bytes())
+    chunk = max(1, chunk)
     starts = iter(range(0, len(locators), chunk))
     pool: ProcessPoolExecutor | None = None
     pending: deque[tuple[int, Future[list[tuple[Any, str | None]]]]] = deque()
