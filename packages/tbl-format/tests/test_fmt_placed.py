@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tbl_format
-from tbl_format import Leaf, PlacedWriter, Schema, SchemaMismatchError
+from tbl_format import Leaf, PlacedWriter, Schema, SchemaMismatchError, row_crcs
 
 np = pytest.importorskip("numpy")
 
@@ -30,9 +30,9 @@ def streamed(path: Path, schema: Schema, images: np.ndarray, kept: list[int], me
 
 
 def placed(path: Path, schema: Schema, images: np.ndarray, kept: list[int], metadata: dict,
-           capacity: int | None = None) -> tuple[bytes, int]:
-    """The file PlacedWriter writes when every slot is written from another descriptor and ``kept`` committed;
-    also the staging offset of slot 0."""
+           capacity: int | None = None, with_crcs: bool = False) -> tuple[bytes, int]:
+    """The file PlacedWriter writes when every slot is written from another descriptor and ``kept`` committed
+    (with the writer's `row_crcs` when ``with_crcs``); also the staging offset of slot 0."""
     with PlacedWriter(path, schema, placed="image", capacity=capacity or len(images), metadata=metadata) as w:
         assert Path(w.path).name.startswith(".") and ".tbl-tmp-" in w.path
         fd = os.open(w.path, os.O_WRONLY)
@@ -42,7 +42,7 @@ def placed(path: Path, schema: Schema, images: np.ndarray, kept: list[int], meta
         finally:
             os.close(fd)
         for i in kept:
-            w.commit(i, {"label": i})
+            w.commit(i, {"label": i}, row_crcs(i, images[i].tobytes()) if with_crcs else None)
         base = w.offset(0) if w.capacity else -1
     return path.read_bytes(), base
 
@@ -53,16 +53,18 @@ def image_offset(data: bytes) -> int:
     return next(c for c in header["columns"] if c["path"] == "image")["regions"]["data"]["offset"]
 
 
+@pytest.mark.parametrize("with_crcs", [False, True])
 @pytest.mark.parametrize("skip", [(), (0,), (3, 4, 50), (299,), (1, 298, 299)])
 @pytest.mark.parametrize("side", [20, 300])  # rows of 1,200 B (many per CRC block) and 270,000 B (blocks inside rows)
-def test_same_bytes_as_the_streaming_writer(tmp_path: Path, skip: tuple[int, ...], side: int) -> None:
+def test_same_bytes_as_the_streaming_writer(tmp_path: Path, skip: tuple[int, ...], side: int,
+                                            with_crcs: bool) -> None:
     n = 300 if side == 20 else 12
     skip = tuple(s for s in skip if s < n) + ((n - 1,) if skip and side == 300 else ())
     images = np.random.default_rng(len(skip)).integers(0, 256, (n, side, side, 3), dtype=np.uint8)
     kept = [i for i in range(n) if i not in skip]
     meta = {"classes": ["a", "b"], "note": "x" * 100}
     want = streamed(tmp_path / "a.tbl", image_schema(side), images, kept, meta)
-    got, _ = placed(tmp_path / "b.tbl", image_schema(side), images, kept, meta)
+    got, _ = placed(tmp_path / "b.tbl", image_schema(side), images, kept, meta, with_crcs=with_crcs)
     assert got == want
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tbl", "b.tbl"]
     ds = tbl_format.open(tmp_path / "b.tbl")
@@ -72,6 +74,34 @@ def test_same_bytes_as_the_streaming_writer(tmp_path: Path, skip: tuple[int, ...
     finally:
         ds.close()
 
+
+
+def test_given_crcs_of_rows_larger_than_a_block_fold_into_the_same_file(tmp_path: Path) -> None:
+    # 700 x 700 x 3 = 1,470,000 B: each row ends a CRC block and starts another; slot 2 spans a whole one too.
+    images = np.random.default_rng(7).integers(0, 256, (5, 700, 700, 3), dtype=np.uint8)
+    kept = [0, 1, 2, 4]  # slot 4 moves down to row 3: its given CRCs no longer hold and are not used
+    want = streamed(tmp_path / "a.tbl", image_schema(700), images, kept, {})
+    got, _ = placed(tmp_path / "b.tbl", image_schema(700), images, kept, {}, with_crcs=True)
+    assert got == want
+    assert [len(row_crcs(i, images[i].tobytes())) for i in range(5)] == [2, 2, 3, 2, 3]
+
+
+def test_a_wrong_count_of_crcs_is_refused_before_anything_is_committed(tmp_path: Path) -> None:
+    image = np.zeros((300, 300, 3), np.uint8)
+    with PlacedWriter(tmp_path / "x.tbl", image_schema(300), placed="image", capacity=8) as w:
+        for slot in range(3):
+            w.commit(slot, {"label": slot}, row_crcs(slot, image.tobytes()))
+        # slot 3 (at 810,000 B) ends the first 1 MiB block: its row is in two pieces
+        with pytest.raises(ValueError, match="1 CRCs for a row in 2 pieces"):
+            w.commit(3, {"label": 3}, [0])
+        assert w.rows == 3
+        w.commit(3, {"label": 3}, row_crcs(3, image.tobytes()))
+    ds = tbl_format.open(tmp_path / "x.tbl")
+    try:
+        assert len(ds) == 4
+        ds.verify()  # raises on any checksum that does not match
+    finally:
+        ds.close()
 
 @pytest.mark.parametrize("skip", [(), (2, 3)])
 def test_committed_rows_are_handed_to_the_disk_in_steps(tmp_path: Path, monkeypatch, skip: tuple[int, ...]) -> None:

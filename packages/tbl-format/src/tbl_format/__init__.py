@@ -39,7 +39,7 @@ from .kinds import KINDS, Kind
 from .layout import FORMAT_VERSION
 from .manifest import merge_manifests
 from .parallel import write_parallel
-from .placed import PlacedWriter
+from .placed import PlacedWriter, row_crcs
 from .schema import LEAF_KINDS, Leaf, Schema, infer_schema
 from .writer import METADATA_DEPTH, Writer, write
 
@@ -93,6 +93,7 @@ __all__ = [
     "merge_manifests",
     "open",
     "open_regular",
+    "row_crcs",
     "write",
     "write_parallel",
 ]

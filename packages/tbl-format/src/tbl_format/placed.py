@@ -13,8 +13,11 @@ Commit order is row order: ``commit(slot, values)`` makes the bytes at slot
 ``slot`` the next row. A slot that is not the next row (earlier slots were
 never committed: a skipped image) is moved down to it, so committed rows are
 always contiguous; the per-block CRC-32s are computed as rows are committed,
-from the page cache (a memory map), never from a second copy, and committed
-bytes are handed to the disk as they accumulate (``WRITEBACK_STEP``).
+and committed bytes are handed to the disk as they accumulate
+(``WRITEBACK_STEP``). Whoever writes a row may checksum it too (`row_crcs`,
+while the row is in its cache) and pass the CRCs to `commit`, which folds
+them in (``crc32_combine``); otherwise, or where the row moves down, the row
+is checksummed from the page cache (a memory map), never from a second copy.
 
 The file is byte-for-byte the file `Writer` writes from the same rows
 (same layout, header and checksums): the placed column is staged where it
@@ -36,12 +39,12 @@ from __future__ import annotations
 import mmap
 import os
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .columns import FixedColumn, copy_into
-from .crc import crc32
+from .crc import crc32, crc32_combine
 from .destination import check_destination
 from .errors import SchemaMismatchError
 from .fsutil import ensure_space, fsync_dir, start_writeback
@@ -49,13 +52,40 @@ from .layout import BLOCK_SIZE, PREAMBLE_SIZE, align_up
 from .schema import Schema
 from .writer import FileWriter, check_header_room, check_metadata
 
-__all__ = ["PlacedWriter"]
+__all__ = ["PlacedWriter", "row_crcs"]
 
 _MOVE_CHUNK = 8 * BLOCK_SIZE
 #: Committed rows are handed to the disk in steps of this many bytes (`fsutil.start_writeback`), so that the
 #: final fsync finds little left to write: without it, a 768 MiB column waited 0.35-0.65 s there, CPUs idle.
 WRITEBACK_STEP = 16 * BLOCK_SIZE
 _MAX_U32 = 0xFFFFFFFF
+
+
+def _pieces(offset: int, size: int) -> list[int]:
+    """Lengths of ``size`` bytes at ``offset`` of a data region, cut where a CRC block (BLOCK_SIZE) ends."""
+    out = []
+    while size:
+        n = min(size, BLOCK_SIZE - offset % BLOCK_SIZE)
+        out.append(n)
+        offset += n
+        size -= n
+    return out
+
+
+def row_crcs(slot: int, row: bytes | bytearray | memoryview) -> list[int]:
+    """The CRC-32 of each piece of ``row`` at slot ``slot`` of a placed column, cut where a CRC block ends.
+
+    Whoever writes a row in place can compute these while the row is in its cache and hand them to
+    `PlacedWriter.commit`, which then folds them into the block checksums instead of reading the row back.
+    """
+    with memoryview(row) as view:
+        rb = view.nbytes
+        out = []
+        done = 0
+        for n in _pieces(slot * rb, rb):
+            out.append(crc32(view[done : done + n]))
+            done += n
+        return out
 
 
 class _Longest:
@@ -90,37 +120,50 @@ class PlacedRegion:
     def size(self) -> int:
         return self.rows * self.row_bytes
 
-    def commit(self, slot: int) -> None:
-        """Slot ``slot`` (>= the next row) holds the next row's bytes: move them down if needed, checksum them."""
+    def commit(self, slot: int, crcs: Sequence[int] | None = None) -> None:
+        """Slot ``slot`` (>= the next row) holds the next row's bytes: move them down if needed, checksum them.
+
+        ``crcs``: the row's `row_crcs` from whoever wrote it, folded in without reading the row back; they hold
+        only where the row stays (``slot`` is the next row), and are ignored where it moves down.
+        """
         rb = self.row_bytes
         row = self.rows
         if not row <= slot < self.capacity:
             raise IndexError(f"slot {slot} is not in [{row}, {self.capacity}): slots are committed once, in order")
+        pieces = _pieces(row * rb, rb)
+        given = crcs is not None and slot == row
+        if given and len(crcs) != len(pieces):
+            raise ValueError(f"slot {slot}: {len(crcs)} CRCs for a row in {len(pieces)} pieces (see row_crcs)")
         self.rows += 1
         if not rb:
             return
-        m = self._map
-        assert m is not None
-        at, src = self._skip + row * rb, self._skip + slot * rb
-        if slot != row:  # earlier slots were left out: the rows stay contiguous
-            m[at : at + rb] = m[src : src + rb]
-        with memoryview(m) as view:
-            data = view[at : at + rb]
-            done = 0
-            while done < rb:
-                n = min(rb - done, BLOCK_SIZE - self._block_fill)
-                self._block_crc = crc32(data[done : done + n], self._block_crc)
-                self._block_fill += n
-                done += n
-                if self._block_fill == BLOCK_SIZE:
-                    self.blocks.append(self._block_crc)
-                    self._block_crc = 0
-                    self._block_fill = 0
-            data.release()
-        done = (row + 1) * rb
+        if given:
+            for n, crc in zip(pieces, crcs, strict=True):
+                self._add_piece(n, crc32_combine(self._block_crc, crc, n) if self._block_fill else crc)
+        else:
+            m = self._map
+            assert m is not None
+            at, src = self._skip + row * rb, self._skip + slot * rb
+            if slot != row:  # earlier slots were left out: the rows stay contiguous
+                m[at : at + rb] = m[src : src + rb]
+            with memoryview(m) as view:
+                done = at
+                for n in pieces:
+                    self._add_piece(n, crc32(view[done : done + n], self._block_crc))
+                    done += n
+        done = self.rows * rb
         if done - self._written_back >= WRITEBACK_STEP:
             start_writeback(self.fd, self.base + self._written_back, done - self._written_back)
             self._written_back = done
+
+    def _add_piece(self, n: int, block_crc: int) -> None:
+        """The current block grew by ``n`` bytes and its CRC is now ``block_crc``; a full block is recorded."""
+        self._block_crc = block_crc
+        self._block_fill += n
+        if self._block_fill == BLOCK_SIZE:
+            self.blocks.append(block_crc)
+            self._block_crc = 0
+            self._block_fill = 0
 
     def finish(self) -> None:
         """Close the last, partial block; unmap (nothing reads through the map after this)."""
@@ -283,8 +326,12 @@ class PlacedWriter:
     def rows(self) -> int:
         return self._fw.rows
 
-    def commit(self, slot: int, values: Mapping[str, Any]) -> None:
-        """Make slot ``slot`` the next row; ``values``: its other leaves by path (SchemaMismatchError if wrong)."""
+    def commit(self, slot: int, values: Mapping[str, Any], crcs: Sequence[int] | None = None) -> None:
+        """Make slot ``slot`` the next row; ``values``: its other leaves by path (SchemaMismatchError if wrong).
+
+        ``crcs``: the placed leaf's `row_crcs` for this slot, from whoever wrote it: the row is then not read
+        back to be checksummed (unless earlier slots were left out and it moves down).
+        """
         if self._done:
             raise RuntimeError("commit() on a closed or aborted PlacedWriter")
         idx = self._fw.rows
@@ -292,7 +339,7 @@ class PlacedWriter:
             raise SchemaMismatchError(f"sample {idx}: expected values for {[c.path for c in self._others]}, "
                                       f"got {list(values)}")
         encoded = [c.encode(values[c.path], idx) for c in self._others]
-        self._fw.region.commit(slot)
+        self._fw.region.commit(slot, crcs)
         for c, e in zip(self._others, encoded, strict=True):
             c.append(e)
         self._fw.rows += 1

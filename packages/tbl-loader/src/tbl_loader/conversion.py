@@ -322,20 +322,23 @@ class _Decoder:
         except Exception as e:  # one bad file must not stop the others; it is reported by name
             return None, f"{type(e).__name__}: {e}"
 
-    def place(self, slot: int, locator: Locator) -> tuple[None, str | None]:
-        """Prepare one image and write its pixels at its slot; (None, error message or None).
+    def place(self, slot: int, locator: Locator) -> tuple[list[int] | None, str | None]:
+        """Prepare one image and write its pixels at its slot; (its `tbl_format.row_crcs`, None) or (None, error).
 
-        A bad image is an error message; a failed write (a full disk) raises: it fails the conversion.
+        The CRCs are taken here, while the pixels are in this core's cache, so that the converting process
+        need not read them back. A bad image is an error message; a failed write (a full disk) raises: it
+        fails the conversion.
         """
         prepared, err = self.one(locator)
-        if err is None:
-            assert self.placement is not None
-            view = memoryview(prepared)
-            at = self.placement.base + slot * self.placement.row_bytes
-            while view:
-                n = os.pwrite(self.out_fd, view, at)
-                view, at = view[n:], at + n
-        return None, err
+        if err is not None:
+            return None, err
+        assert self.placement is not None
+        view = memoryview(prepared)
+        at = self.placement.base + slot * self.placement.row_bytes
+        while view:
+            n = os.pwrite(self.out_fd, view, at)
+            view, at = view[n:], at + n
+        return tbl_format.row_crcs(slot, prepared), None
 
     def chunk(self, start: int, locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
         if self.placement is not None:
@@ -500,7 +503,7 @@ def _results_in_order(
 ) -> Iterator[tuple[Any, str | None]]:
     """Preprocessed images (or error messages) in the order of ``locators``, with a bounded window.
 
-    With a placement the pixels are written in place by whoever decodes them and None stands for them.
+    With a placement the pixels are written in place by whoever decodes them and their CRCs stand for them.
     """
     if workers == 1:
         decoder = _Decoder(listing.tar_path, max_bytes, recipe, placement)
@@ -937,7 +940,8 @@ def _convert_placed(
     rep: ConvertReport,
 ) -> None:
     """One file of S x S images: each image is written once, by its decoder, straight into its place in the
-    output (`tbl_format.PlacedWriter`); this process commits rows in order and checksums them.
+    output (`tbl_format.PlacedWriter`), and checksummed there (`tbl_format.row_crcs`); this process commits
+    rows in order, folding those CRCs into the file's block checksums.
 
     Image i goes to slot i; a skipped image's slot is never committed, and later rows move down over it,
     so the file is the one the streaming writer would write from the same rows.
@@ -949,11 +953,11 @@ def _convert_placed(
         placement = _Placement(writer.path, writer.offset(0) if names else 0, writer.row_bytes)
         results = _results_in_order(listing, names, locators, workers, max_bytes, recipe, placement)
         with _progress_bar(len(names), progress) as bar, closing(results):
-            for i, (_, err) in enumerate(results):
+            for i, (crcs, err) in enumerate(results):
                 if err is not None:
                     _record_failure(rep, bar, names[i], err, on_error)
                 else:
-                    writer.commit(i, {"label": labels[i]})
+                    writer.commit(i, {"label": labels[i]}, crcs)
                     rep.written += 1
                 bar.update(1)
 
