@@ -8,6 +8,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tbl_loader.sources import SourceError, _scan_plain_tar, _scan_tar, _scan_tar_with_tarfile
 
@@ -75,3 +77,23 @@ def test_damaged_tars_take_tarfiles_reading(tmp_path: Path) -> None:
     assert _scan_tar(tmp_path / "bad.tar") == _scan_tar_with_tarfile(tmp_path / "bad.tar")
     (tmp_path / "zeros.tar").write_bytes(bytes(10240))
     assert _scan_tar(tmp_path / "zeros.tar") == _scan_tar_with_tarfile(tmp_path / "zeros.tar") == ([], [], [])
+
+
+def _listing_or_error(scan, path: Path) -> object:
+    try:
+        return scan(path)
+    except SourceError as e:
+        return type(e)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT]),
+       flips=st.lists(st.tuples(st.integers(0, 4 * 512 + 1023), st.integers(1, 255)), min_size=1, max_size=3))
+def test_damaged_headers_list_as_tarfile_lists_them(tmp_path: Path, fmt: int, flips: list[tuple[int, int]]) -> None:
+    """Bytes changed in and around the first headers: the fast path lists what tarfile lists, or steps aside."""
+    data = bytearray(build(tmp_path / "t.tar", fmt, False).read_bytes())
+    for at, mask in flips:
+        data[at] ^= mask
+    damaged = tmp_path / "damaged.tar"
+    damaged.write_bytes(bytes(data))
+    assert _listing_or_error(_scan_tar, damaged) == _listing_or_error(_scan_tar_with_tarfile, damaged)

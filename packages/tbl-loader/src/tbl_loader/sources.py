@@ -82,7 +82,9 @@ import csv
 import gzip
 import lzma
 import os
+import re
 import stat
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -90,6 +92,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
+
+import numpy as np
 
 import tbl_format
 
@@ -326,39 +330,57 @@ _TAR_REGULAR = (b"0", b"\x00", b"7")  # regular, old regular, contiguous
 _TAR_OTHER = (b"1", b"2", b"3", b"4", b"5", b"6")  # hard link, symlink, devices, directory, FIFO: no data blocks
 
 
+# An octal header field as tarfile accepts it from a plain header: up to the first NUL, octal digits between
+# ASCII white space (bytes.strip's set); an empty field is 0.
+_OCTAL_FIELD = re.compile(rb"[ \t\n\r\x0b\x0c]*([0-7]*)[ \t\n\r\x0b\x0c]*(?:\x00.*)?", re.DOTALL)
+_FS_CODEC = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())  # os.fsdecode's, looked up once
+
+
 def _octal(field: bytes) -> int | None:
-    text = field.split(b"\x00", 1)[0].strip()
-    if text and not text.isdigit() or b"8" in text or b"9" in text:
+    match = _OCTAL_FIELD.fullmatch(field)
+    if match is None:
         return None
-    return int(text or b"0", 8)
+    return int(match[1] or b"0", 8)
+
+
+def _fsdecode(field: bytes) -> str:
+    """A NUL-terminated name field as os.fsdecode decodes it."""
+    end = field.find(b"\x00")
+    return (field if end < 0 else field[:end]).decode(*_FS_CODEC)
 
 
 def _scan_plain_tar(fd: int, file_size: int) -> list[tuple[str, bool, bool, int, int]] | None:
     """(name, is_dir, is_regular, data offset, size) of every member, when every header is a plain ustar / GNU
     one (no pax or GNU long-name records, no sparse or base-256 fields, checksums right, nothing truncated).
 
-    Names and kinds are what `tarfile` makes of such headers. None at the first header that is not that
-    simple: the caller then lists the whole TAR with `tarfile` itself, so anything unusual keeps its exact
-    `tarfile` reading (and its errors). About 10x faster than `tarfile` on a TAR of photos.
+    Names and kinds are what `tarfile` makes of such headers. None when a header is not that simple: the
+    caller then lists the whole TAR with `tarfile` itself, so anything unusual keeps its exact `tarfile`
+    reading (and its errors). About 10x faster than `tarfile` on a TAR of photos.
     """
     out: list[tuple[str, bool, bool, int, int]] = []
+    headers: list[bytes] = []
+    stored: list[int] = []  # each header's checksum field, checked against its bytes at the end, all at once
     pos = 0
     while pos < file_size:
         block = os.pread(fd, _TAR_BLOCK, pos)
         if len(block) < _TAR_BLOCK:
             return None
         if block == _ZERO_BLOCK:
-            return out if pos else None  # the end-of-archive marker (an empty TAR: left to tarfile)
+            if not pos:
+                return None  # an empty TAR: left to tarfile
+            break  # the end-of-archive marker
         if block[257:265] not in _USTAR_MAGICS or block[124] & 0x80:
             return None
-        stored = _octal(block[148:156])
-        if stored is None or stored != sum(block[:148]) + 256 + sum(block[156:]):
+        checksum = _octal(block[148:156])
+        if checksum is None:
             return None
+        headers.append(block)
+        stored.append(checksum)
         kind = block[156:157]
         size = _octal(block[124:136])
         if size is None:
             return None
-        name = os.fsdecode(block[:100].split(b"\x00", 1)[0])
+        name = _fsdecode(block[:100])
         if kind == b"\x00" and name.endswith("/"):
             kind = b"5"
         regular = kind in _TAR_REGULAR
@@ -367,9 +389,8 @@ def _scan_plain_tar(fd: int, file_size: int) -> list[tuple[str, bool, bool, int,
         is_dir = kind == b"5"
         if is_dir:
             name = name.rstrip("/")
-        prefix = os.fsdecode(block[345:500].split(b"\x00", 1)[0])
-        if prefix:
-            name = prefix + "/" + name
+        if block[345]:  # a ustar name prefix
+            name = _fsdecode(block[345:500]) + "/" + name
         data = pos + _TAR_BLOCK
         if regular:
             if data + size > file_size:
@@ -378,7 +399,20 @@ def _scan_plain_tar(fd: int, file_size: int) -> list[tuple[str, bool, bool, int,
         else:
             pos = data
         out.append((name, is_dir, regular, data, size))
-    return out
+    return out if _checksums_match(headers, stored) else None
+
+
+def _checksums_match(headers: list[bytes], stored: list[int]) -> bool:
+    """Each header's stored checksum is the sum of its bytes, the checksum field counted as 8 spaces.
+
+    Summed for all headers in one pass (a Python sum over each header was half the listing's time). A header
+    read after a damaged one may be garbage; the damaged one fails here all the same, so the answer is None.
+    """
+    if not headers:
+        return True
+    blocks = np.frombuffer(b"".join(headers), np.uint8).reshape(len(headers), _TAR_BLOCK)
+    sums = blocks.sum(axis=1, dtype=np.int64) - blocks[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
+    return bool(np.array_equal(sums, np.array(stored, np.int64)))
 
 
 def _scan_tar(tar_path: Path) -> tuple[list[str], list[Locator], list[str]]:
