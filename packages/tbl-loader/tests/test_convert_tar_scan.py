@@ -7,11 +7,19 @@ import os
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tbl_loader.sources import SourceError, _scan_plain_tar, _scan_tar, _scan_tar_with_tarfile
+from tbl_loader.sources import (
+    _OCTAL_FIELD,
+    SourceError,
+    _plain_numbers,
+    _scan_plain_tar,
+    _scan_tar,
+    _scan_tar_with_tarfile,
+)
 
 
 def add(tf: tarfile.TarFile, name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
@@ -89,6 +97,8 @@ def _listing_or_error(scan, path: Path) -> object:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT]),
        flips=st.lists(st.tuples(st.integers(0, 4 * 512 + 1023), st.integers(1, 255)), min_size=1, max_size=3))
+# The checksum unchanged ('n' -> 'f' in the name, '0' -> '8' in the mode): tarfile refuses the mode field.
+@example(fmt=tarfile.USTAR_FORMAT, flips=[(0, 8), (100, 8)])
 def test_damaged_headers_list_as_tarfile_lists_them(tmp_path: Path, fmt: int, flips: list[tuple[int, int]]) -> None:
     """Bytes changed in and around the first headers: the fast path lists what tarfile lists, or steps aside."""
     data = bytearray(build(tmp_path / "t.tar", fmt, False).read_bytes())
@@ -97,3 +107,18 @@ def test_damaged_headers_list_as_tarfile_lists_them(tmp_path: Path, fmt: int, fl
     damaged = tmp_path / "damaged.tar"
     damaged.write_bytes(bytes(data))
     assert _listing_or_error(_scan_tar, damaged) == _listing_or_error(_scan_tar_with_tarfile, damaged)
+
+
+_FIELD_BYTES = st.sampled_from(b"01234567 \t\x00\x80\xff89+-_xo\x1c")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(fields=st.lists(st.binary(min_size=8, max_size=8) | st.lists(_FIELD_BYTES, min_size=8, max_size=8).map(bytes),
+                       min_size=1, max_size=4))
+def test_plain_numbers_are_the_octal_fields_tarfile_reads(fields: list[bytes]) -> None:
+    """A header's number fields pass only where each is base-256 or an `_OCTAL_FIELD`, and tarfile reads those."""
+    plain = [f[0] in (0x80, 0xFF) or _OCTAL_FIELD.fullmatch(f) is not None for f in fields]
+    assert _plain_numbers(np.frombuffer(b"".join(fields), np.uint8).reshape(len(fields), 8)) == all(plain)
+    for field, ok in zip(fields, plain, strict=True):
+        if ok:
+            tarfile.nti(field)  # raises InvalidHeaderError where tarfile refuses the field
