@@ -118,7 +118,7 @@ _FIELD_BYTES = st.sampled_from(b"01234567 \t\x00\x80\xff89+-_xo\x1c")
 def test_plain_numbers_are_the_octal_fields_tarfile_reads(fields: list[bytes]) -> None:
     """A header's number fields pass only where each is base-256 or an `_OCTAL_FIELD`, and tarfile reads those."""
     plain = [f[0] in (0x80, 0xFF) or _OCTAL_FIELD.fullmatch(f) is not None for f in fields]
-    assert _plain_numbers(np.frombuffer(b"".join(fields), np.uint8).reshape(len(fields), 8)) == all(plain)
+    assert _plain_numbers(np.frombuffer(b"".join(fields), np.uint8).reshape(len(fields), 8).T) == all(plain)
     for field, ok in zip(fields, plain, strict=True):
         if ok:
             tarfile.nti(field)  # raises InvalidHeaderError where tarfile refuses the field
