@@ -75,7 +75,6 @@ def test_same_bytes_as_the_streaming_writer(tmp_path: Path, skip: tuple[int, ...
         ds.close()
 
 
-
 def test_given_crcs_of_rows_larger_than_a_block_fold_into_the_same_file(tmp_path: Path) -> None:
     # 700 x 700 x 3 = 1,470,000 B: each row ends a CRC block and starts another; slot 2 spans a whole one too.
     images = np.random.default_rng(7).integers(0, 256, (5, 700, 700, 3), dtype=np.uint8)
@@ -102,6 +101,7 @@ def test_a_wrong_count_of_crcs_is_refused_before_anything_is_committed(tmp_path:
         ds.verify()  # raises on any checksum that does not match
     finally:
         ds.close()
+
 
 @pytest.mark.parametrize("skip", [(), (2, 3)])
 def test_committed_rows_are_handed_to_the_disk_in_steps(tmp_path: Path, monkeypatch, skip: tuple[int, ...]) -> None:
