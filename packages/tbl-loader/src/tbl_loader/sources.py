@@ -330,9 +330,11 @@ _TAR_REGULAR = (b"0", b"\x00", b"7")  # regular, old regular, contiguous
 _TAR_OTHER = (b"1", b"2", b"3", b"4", b"5", b"6")  # hard link, symlink, devices, directory, FIFO: no data blocks
 
 
+_ASCII_SPACE = b" \t\n\r\x0b\x0c"  # bytes.strip's set
 # An octal header field as tarfile accepts it from a plain header: up to the first NUL, octal digits between
-# ASCII white space (bytes.strip's set); an empty field is 0.
-_OCTAL_FIELD = re.compile(rb"[ \t\n\r\x0b\x0c]*([0-7]*)[ \t\n\r\x0b\x0c]*(?:\x00.*)?", re.DOTALL)
+# ASCII white space; an empty field is 0.
+_SPACES = b"[" + re.escape(_ASCII_SPACE) + b"]*"
+_OCTAL_FIELD = re.compile(_SPACES + rb"([0-7]*)" + _SPACES + rb"(?:\x00.*)?", re.DOTALL)
 _FS_CODEC = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())  # os.fsdecode's, looked up once
 
 
@@ -410,7 +412,7 @@ _WIDEST_FIELD = 12
 _IS_OCTAL_DIGIT = np.zeros(256, bool)
 _IS_OCTAL_DIGIT[ord("0") : ord("7") + 1] = True
 _IS_ASCII_SPACE = np.zeros(256, bool)
-_IS_ASCII_SPACE[list(b" \t\n\r\x0b\x0c")] = True
+_IS_ASCII_SPACE[list(_ASCII_SPACE)] = True
 
 
 def _headers_sound(headers: list[bytes], stored: list[int]) -> bool:
