@@ -61,3 +61,30 @@ def skipping(reason: str = "not here"):
 def echo(**kwargs):
     """For `call_in`: returns its arguments and the interpreter's pid."""
     return {"kwargs": kwargs, "pid": os.getpid()}
+
+
+def _harness_rerun() -> bool:
+    """In a pool worker: whether spawn's start-up re-ran the parent's main module.
+
+    multiprocessing aliases ``__mp_main__`` to every process's ``__main__``; only a re-run main module is a
+    module of that name.
+    """
+    import sys
+
+    return sys.modules["__mp_main__"].__name__ == "__mp_main__"
+
+
+class _PoolProbe(_Counter):
+    """Each epoch starts a spawn process pool, as a converter does, and records what its worker found."""
+
+    def run_epoch(self, epoch: int) -> int:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            self.info["worker_reran_main"] = pool.submit(_harness_rerun).result()
+        return self.items_per_epoch
+
+
+def pool_probe():
+    return _PoolProbe(1, 0, 0.0)

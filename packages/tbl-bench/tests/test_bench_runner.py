@@ -39,6 +39,14 @@ def test_each_round_runs_in_its_own_interpreter(child_env):
     assert r["info"]["events"] == [f"{what} {e}" for e in range(5) for what in ("prepare", "run")]
 
 
+def test_a_measured_tools_pool_workers_do_not_rerun_the_harness(child_env):
+    # Spawn and forkserver workers re-run the parent's main module before their first task; the child's
+    # main must not be the harness, or every pool a measured tool starts pays for importing it.
+    r = run_config(_cfg("pool", "bench_workloads:pool_probe", warmup=0, epochs=1), env=child_env)
+    assert r["status"] == "ok", r["reason"]
+    assert r["info"]["worker_reran_main"] is False
+
+
 def test_timing_continues_until_min_time_is_covered(child_env):
     r = run_config(_cfg("a", "bench_workloads:counter", {"sleep_s": 0.01}, warmup=0, epochs=2, min_time_s=0.1,
                         max_epochs=50), env=child_env)

@@ -8,7 +8,8 @@ pools, allocators and imported libraries of other configurations cannot leak
 into it) and writes the round record. `call` runs a preparation function (a
 peer tool writing its own copy of the data) and writes what it returns. Under
 a peer interpreter only the standard library, numpy and the peer tool need to
-be installed. Exit status 0 when OUT.json was written.
+be installed. Exit status 0 when OUT.json was written. The runner starts it
+through ``python -c`` rather than ``-m`` (`tbl_bench.runner` says why).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runs each round of each configuration in its own subprocess (`python -m tbl_bench.child`).
+"""Runs each round of each configuration in its own subprocess (`tbl_bench.child`, started by ``python -c``).
 
 In-process comparisons contaminate each other (thread pools, allocator state,
 imported libraries), so every round of every `Config` gets a fresh
@@ -38,8 +38,15 @@ def _same_interpreter(python: str) -> bool:
     return os.path.normpath(os.path.abspath(python)) == os.path.normpath(os.path.abspath(sys.executable))
 
 
+# The child starts as `python -c`, not `python -m tbl_bench.child`: process pools started under spawn or
+# forkserver re-run the parent's __main__ module in every worker before its first task, and under -m that
+# is this harness (~0.1 s of imports per worker, each time a measured tool starts its pool). That cost
+# belongs to the bench, not to the tool; a `-c` main is not re-run.
+_CHILD_BOOT = "import sys; from tbl_bench.child import main; sys.exit(main(sys.argv[1:]))"
+
+
 def _child(python: str, args: list[str], tmp: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """Run `python -m tbl_bench.child ARGS` with `env`; raises subprocess.TimeoutExpired."""
+    """Run `tbl_bench.child` with ARGS in `python` with `env`; raises subprocess.TimeoutExpired."""
     env = dict(env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if not _same_interpreter(python):
@@ -48,7 +55,7 @@ def _child(python: str, args: list[str], tmp: Path, env: dict[str, str], timeout
         (tmp / "path").mkdir()
         (tmp / "path" / "tbl_bench").symlink_to(_PACKAGE_DIR, target_is_directory=True)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp / "path"), env.get("PYTHONPATH")) if p)
-    return subprocess.run([python, "-m", "tbl_bench.child", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([python, "-c", _CHILD_BOOT, *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
