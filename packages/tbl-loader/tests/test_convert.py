@@ -203,6 +203,32 @@ def test_skip_file_equals_the_streaming_writers(tmp_path: Path, imagenet_files: 
     assert leftovers(tmp_path) == []
 
 
+def test_rows_around_the_page_cache_make_the_file_the_page_cache_makes(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # At 96 px a row is 27,648 bytes, so chunks hold whole blocks that worker processes write with O_DIRECT
+    # where the file system takes it; bad images among them leave zero slots the rows after move down over.
+    # The same conversion in this process with every write through the page cache gives the same file.
+    data = jpeg_set(60, seed=11, lo=100, hi=160)
+    files = {f"c{i % 2}/img_{i:03d}.jpg": d for i, d in enumerate(data)}
+    files["c0/img_007_bad.jpg"] = b"not a JPEG"
+    files["c1/img_030_bad.jpg"] = truncated_jpeg()
+    tar = write_tar(tmp_path / "src.tar", files)
+    around = convert(tar, tmp_path / "around.tbl", 96, on_error="skip", workers=2, progress=False, report=False)
+    chunk_writer = importlib.import_module("tbl_loader.chunk_writer")
+    cached_only = chunk_writer.ChunkWriter.__init__
+
+    def page_cache_only(self, path, base, row_bytes, max_rows, direct=True):
+        cached_only(self, path, base, row_bytes, max_rows, direct=False)
+
+    monkeypatch.setattr(chunk_writer.ChunkWriter, "__init__", page_cache_only)
+    cached = convert(tar, tmp_path / "cached.tbl", 96, on_error="skip", workers=1, progress=False, report=False)
+    assert around.failed == cached.failed == 2 and around.written == cached.written == 60
+    assert (tmp_path / "around.tbl").read_bytes() == (tmp_path / "cached.tbl").read_bytes()
+    images, _, _ = read_back(tmp_path / "around.tbl")
+    good = sorted(n for n in files if "_bad" not in n)
+    assert np.array_equal(images, np.stack([reference_preprocess(files[n], 96) for n in good]))
+
+
 def test_interrupt_leaves_nothing(tmp_path: Path, imagenet_files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     # the package exports the function `convert`, which hides the submodule attribute of the same name
     conv = importlib.import_module("tbl_loader.conversion")

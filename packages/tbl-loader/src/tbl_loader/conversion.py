@@ -34,7 +34,8 @@ may run threads, which fork does not survive) read their own bytes (files by
 path, TAR members by offset with ``pread``), decode and resize. With ``size``
 into one file (no ``shard_rows`` / ``shards``, ``keep_path`` or ``sidecar``),
 each worker writes the pixels of image i straight into slot i of the output's
-temp file (`tbl_format.PlacedWriter`): every image is written once, and the
+temp file (`tbl_format.PlacedWriter`), around the page cache where the file
+system allows it (`tbl_loader.chunk_writer`): every image is written once, and the
 parent only commits rows in order (labels, checksums) and moves later rows
 down over a skipped image's slot. Otherwise workers return raw pixels and the
 parent writes them in order through `tbl_format.Writer`. The parent keeps at
@@ -117,6 +118,7 @@ from PIL import features
 
 import tbl_format
 
+from .chunk_writer import ChunkWriter
 from .decode import ALPHA_BACKGROUND, PillowConfigError, check_params, check_strict, preprocess_image
 from .extra_columns import ExtraColumns
 from .jpeg_decode import decoder_info
@@ -295,19 +297,23 @@ class _Placement:
 class _Decoder:
     """Reads and preprocesses samples; one per worker process (or in-process for workers=1).
 
-    With a placement, prepared pixels are written straight into the output file and only the
-    error (or None) goes back to the parent; otherwise the pixels themselves go back.
+    With a placement, prepared pixels are written straight into the output file (`ChunkWriter`, a chunk of
+    at most ``chunk_rows`` slots at a time) and only their CRCs or the error go back to the parent;
+    otherwise the pixels themselves go back.
     """
 
     def __init__(self, tar_path: str | None, max_bytes: int, recipe: Recipe,
-                 placement: _Placement | None = None) -> None:
-        self.out_fd = -1
+                 placement: _Placement | None = None, chunk_rows: int = 1) -> None:
+        self.rows: ChunkWriter | None = None
         self.tar = TarReader(tar_path, max_bytes) if tar_path is not None else None
         self.max_bytes = max_bytes
         self.recipe = recipe
-        self.placement = placement
         if placement is not None:
-            self.out_fd = os.open(placement.path, os.O_WRONLY)
+            try:
+                self.rows = ChunkWriter(placement.path, placement.base, placement.row_bytes, chunk_rows)
+            except BaseException:
+                self.close()
+                raise
 
     def one(self, locator: Locator) -> tuple[Any, str | None]:
         try:
@@ -322,48 +328,50 @@ class _Decoder:
         except Exception as e:  # one bad file must not stop the others; it is reported by name
             return None, f"{type(e).__name__}: {e}"
 
-    def place(self, slot: int, locator: Locator) -> tuple[list[int] | None, str | None]:
-        """Prepare one image and write its pixels at its slot; (its `tbl_format.row_crcs`, None) or (None, error).
+    def chunk(self, start: int, locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
+        """The images of slots ``start ..``: prepared pixels or their CRCs (with a placement), or errors."""
+        if self.rows is None:
+            return [self.one(loc) for loc in locators]
+        return self._place(start, locators)
+
+    def _place(self, start: int, locators: Sequence[Locator]) -> list[tuple[list[int] | None, str | None]]:
+        """Prepare each image and write its pixels at its slot; per image (its `tbl_format.row_crcs`, None) or
+        (None, error).
 
         The CRCs are taken here, while the pixels are in this core's cache, so that the converting process
-        need not read them back. A bad image is an error message; a failed write (a full disk) raises: it
-        fails the conversion.
+        need not read them back. The chunk is written when this returns. A bad image is an error message (its
+        slot is left zero, never committed); a failed write (a full disk) raises: it fails the conversion.
         """
-        prepared, err = self.one(locator)
-        if err is not None:
-            return None, err
-        assert self.placement is not None
-        view = memoryview(prepared)
-        at = self.placement.base + slot * self.placement.row_bytes
-        while view:
-            n = os.pwrite(self.out_fd, view, at)
-            view, at = view[n:], at + n
-        return tbl_format.row_crcs(slot, prepared), None
-
-    def chunk(self, start: int, locators: Sequence[Locator]) -> list[tuple[Any, str | None]]:
-        if self.placement is not None:
-            return [self.place(start + k, loc) for k, loc in enumerate(locators)]
-        return [self.one(loc) for loc in locators]
+        assert self.rows is not None
+        self.rows.begin(start, len(locators))
+        out: list[tuple[list[int] | None, str | None]] = []
+        for k, loc in enumerate(locators):
+            prepared, err = self.one(loc)
+            self.rows.put(k, prepared)
+            out.append((None, err) if err is not None else (tbl_format.row_crcs(start + k, prepared), None))
+        self.rows.finish()
+        return out
 
     def close(self) -> None:
         if self.tar is not None:
             self.tar.close()
-        if self.out_fd >= 0:
-            os.close(self.out_fd)
-            self.out_fd = -1
+            self.tar = None
+        if self.rows is not None:
+            self.rows.close()
+            self.rows = None
 
 
 _WORKER: _Decoder | None = None
 
 
 def _init_worker(parent_pid: int, tar_path: str | None, max_bytes: int, recipe: Recipe,
-                 placement: _Placement | None) -> None:
+                 placement: _Placement | None, chunk_rows: int) -> None:
     global _WORKER
     # Ctrl-C reaches the whole process group: only the parent acts on it (it aborts the writer and
     # stops the pool); a worker finishes its chunk instead of dying with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with(parent_pid)
-    _WORKER = _Decoder(tar_path, max_bytes, recipe, placement)
+    _WORKER = _Decoder(tar_path, max_bytes, recipe, placement, chunk_rows)
 
 
 def _die_with(parent_pid: int) -> None:
@@ -505,19 +513,19 @@ def _results_in_order(
 
     With a placement the pixels are written in place by whoever decodes them and their CRCs stand for them.
     """
-    if workers == 1:
-        decoder = _Decoder(listing.tar_path, max_bytes, recipe, placement)
-        try:
-            for i, loc in enumerate(locators):
-                yield decoder.place(i, loc) if placement is not None else decoder.one(loc)
-        finally:
-            decoder.close()
-        return
     by_spread = math.ceil(len(locators) / (workers * CHUNKS_IN_FLIGHT_PER_WORKER))
     chunk = min(MAX_CHUNK, by_spread)
     if placement is None:  # the pixels travel back: a chunk's stay under CHUNK_BYTES
         chunk = min(chunk, CHUNK_BYTES // recipe.pixel_bytes())
     chunk = max(1, chunk)
+    if workers == 1:  # the same chunks, in this process
+        decoder = _Decoder(listing.tar_path, max_bytes, recipe, placement, chunk)
+        try:
+            for start in range(0, len(locators), chunk):
+                yield from decoder.chunk(start, locators[start : start + chunk])
+        finally:
+            decoder.close()
+        return
     starts = iter(range(0, len(locators), chunk))
     pool: ProcessPoolExecutor | None = None
     pending: deque[tuple[int, Future[list[tuple[Any, str | None]]]]] = deque()
@@ -535,7 +543,7 @@ def _results_in_order(
                 max_workers=workers,
                 mp_context=_mp_context(),
                 initializer=_init_worker,
-                initargs=(os.getpid(), listing.tar_path, max_bytes, recipe, placement),
+                initargs=(os.getpid(), listing.tar_path, max_bytes, recipe, placement, chunk),
             )
             for _ in range(workers * CHUNKS_IN_FLIGHT_PER_WORKER):
                 submit_next()
