@@ -220,3 +220,23 @@ def test_rows_out_of_order_or_of_the_wrong_size_are_refused(tmp_path: Path) -> N
             w.finish()
     finally:
         w.close()
+
+
+def test_chunks_of_huge_images_go_through_the_page_cache(tmp_path: Path) -> None:
+    # A direct writer holds a chunk's buffer; past DIRECT_BUFFER_MAX (huge images) rows go one by one instead.
+    row_bytes = 1024 * 1024 * 3
+    rows = _rows(3, row_bytes, 6)
+    max_rows = chunk_writer.DIRECT_BUFFER_MAX // row_bytes + 1
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as f:
+        f.truncate(3 * row_bytes)
+    w = ChunkWriter(str(path), 0, row_bytes, max_rows)
+    try:
+        assert not w.direct
+        w.begin(0, 3)
+        for k, row in enumerate(rows):
+            w.put(k, row)
+        w.finish()
+    finally:
+        w.close()
+    assert path.read_bytes() == b"".join(rows)

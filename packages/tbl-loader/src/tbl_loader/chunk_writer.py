@@ -21,11 +21,13 @@ both ways, so the two paths never overwrite each other's bytes. `ChunkWriter.fin
 returns only once every byte of the chunk is written, so the converting process
 may read the rows (to move one down over a skipped image) or publish the file.
 
-The file is the same byte for byte either way. The page cache takes all the
-rows where ``O_DIRECT`` is not available (not Linux), where the file system
-refuses it (``EINVAL`` at open or at a write: from then on this writer uses
-the page cache) or where a chunk's buffer would exceed ``DIRECT_BUFFER_MAX``.
-Any other write error (a full disk) is raised by `ChunkWriter.finish`.
+The file is the same byte for byte either way. The page cache takes every
+row, written as it comes with no buffer, where ``O_DIRECT`` is not available
+(not Linux), where the file system refuses it at open (``EINVAL`` or
+``EOPNOTSUPP``) or where a chunk's buffer would exceed ``DIRECT_BUFFER_MAX``
+(huge images); a refusal at a write sends that piece and all later ones
+through the page cache. Any other write error (a full disk) is raised by
+`ChunkWriter.finish` (by `ChunkWriter.put` on the page cache only path).
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ ALIGN = 4096
 """File offsets, lengths and buffer addresses of direct writes are multiples of this (a page; a multiple of
 every common logical block size)."""
 
-PIECE = 1 << 20
+PIECE = 256 << 10
 """Direct writes go out once this many bytes of whole blocks are ready: small enough that the last one, which
 `ChunkWriter.finish` waits for, is short; large enough that a write costs the disk little per byte."""
 
 DIRECT_BUFFER_MAX = 64 << 20
 """Larger chunks (huge images) go through the page cache rather than holding a buffer this large per worker."""
+
+
+_NOT_SUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP)  # how a file system says no to O_DIRECT (open or write)
 
 
 def _align_down(x: int) -> int:
@@ -67,36 +72,44 @@ def _write_all(fd: int, view: memoryview, at: int) -> None:
 class ChunkWriter:
     """Writes the rows of one chunk of slots at a time into ``path``: slot ``i`` at ``base + i * row_bytes``.
 
-    ``begin(first_slot, count)``, then ``put(k, row)`` for rows ``k = 0 .. count - 1`` in order (a row left out
-    is written as zeros: its slot is never committed), then ``finish()``. ``direct=False`` keeps every write in
-    the page cache.
+    ``begin(first_slot, count)``, then ``put(k, row)`` for rows ``k = 0 .. count - 1`` in order (None for an
+    image left out: its slot stays zero, never committed), then ``finish()``. ``direct=False`` keeps every write
+    in the page cache. The slots must hold zeros before (a fresh file, as `tbl_format.PlacedWriter` makes).
     """
 
     def __init__(self, path: str, base: int, row_bytes: int, max_rows: int, direct: bool = True) -> None:
         self.base = base
         self.row_bytes = row_bytes
         self.max_rows = max_rows
-        self.fd = os.open(path, os.O_WRONLY)
-        self.direct_fd = -1
-        size = max_rows * row_bytes + 2 * ALIGN  # room for the leading partial block's offset and the tail
-        o_direct = getattr(os, "O_DIRECT", 0)
-        if direct and o_direct and size <= DIRECT_BUFFER_MAX:
-            try:
-                self.direct_fd = os.open(path, os.O_WRONLY | o_direct)
-            except OSError as e:
-                if e.errno != errno.EINVAL:  # the file system does not do direct I/O: the page cache does it all
-                    os.close(self.fd)
-                    raise
-        self._buffer = mmap.mmap(-1, size)  # anonymous, hence page-aligned
-        self._view = memoryview(self._buffer)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tbl-convert-write") if self.direct_fd >= 0 else None
+        self.fd = self.direct_fd = -1
+        self._buffer: mmap.mmap | None = None  # only for direct I/O: the page cache takes rows one by one
+        self._view = memoryview(b"")
+        self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
         self._start = self._end = self._origin = self._sent = 0
         self._rows = 0
+        size = max_rows * row_bytes + 2 * ALIGN  # room for the leading partial block's offset and the tail
+        o_direct = getattr(os, "O_DIRECT", 0)
+        try:
+            self.fd = os.open(path, os.O_WRONLY)
+            if direct and o_direct and size <= DIRECT_BUFFER_MAX:
+                try:
+                    self.direct_fd = os.open(path, os.O_WRONLY | o_direct)
+                except OSError as e:
+                    if e.errno not in _NOT_SUPPORTED:
+                        raise
+                    # this file system does not do direct I/O: the page cache takes every row
+            if self.direct_fd >= 0:
+                self._buffer = mmap.mmap(-1, size)  # anonymous, hence page-aligned
+                self._view = memoryview(self._buffer)
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="tbl-convert-write")
+        except BaseException:
+            self._release()
+            raise
 
     @property
     def direct(self) -> bool:
-        """Whether whole blocks still go around the page cache (False after the file system refused it)."""
+        """Whether whole blocks go around the page cache (False from the first refusal by the file system)."""
         return self.direct_fd >= 0
 
     def begin(self, first_slot: int, count: int) -> None:
@@ -114,17 +127,20 @@ class ChunkWriter:
         if k != self._rows:
             raise ValueError(f"row {k} of the chunk given after {self._rows} rows: rows are put in order")
         rb = self.row_bytes
-        at = self._start + k * rb - self._origin
-        if row is None:
-            self._view[at : at + rb] = bytes(rb)
-        else:
-            with memoryview(row) as src:
-                if src.nbytes != rb:
-                    raise ValueError(f"a row of {src.nbytes} bytes where rows have {rb}")
-                self._view[at : at + rb] = src.cast("B")
+        at = self._start + k * rb
+        with memoryview(row if row is not None else b"") as src:
+            if row is not None and src.nbytes != rb:
+                raise ValueError(f"a row of {src.nbytes} bytes where rows have {rb}")
+            if self._buffer is None:  # page cache only: the row goes now; a left-out slot stays zero
+                if row is not None:
+                    _write_all(self.fd, src.cast("B"), at)
+            elif row is None:
+                self._view[at - self._origin : at - self._origin + rb] = bytes(rb)  # the buffer is reused
+            else:
+                self._view[at - self._origin : at - self._origin + rb] = src.cast("B")
         self._rows += 1
-        ready = _align_down(self._start + self._rows * rb)
-        if self.direct and ready - self._sent >= PIECE:
+        ready = _align_down(at + rb)
+        if self._buffer is not None and ready - self._sent >= PIECE:
             self._send(self._sent, ready)
 
     def finish(self) -> None:
@@ -132,31 +148,34 @@ class ChunkWriter:
         if self._rows * self.row_bytes != self._end - self._start:
             raise ValueError(f"finish() after {self._rows} of {(self._end - self._start) // self.row_bytes} rows")
         try:
+            if self._buffer is None:
+                return
+            head_end = _align_up(self._start)
             interior_end = max(self._sent, _align_down(self._end))
-            if self.direct and interior_end > self._sent:
+            if interior_end > self._sent:
                 self._send(self._sent, interior_end)
-            if not self.direct or interior_end <= _align_up(self._start):
-                # no whole block here (a small chunk) or no direct I/O: the page cache takes the chunk
+            if interior_end <= head_end:  # no whole block in this chunk: the page cache takes all of it
                 self._write_cached(self._start, self._end)
-            else:
-                self._write_cached(self._start, _align_up(self._start))
+            else:  # the partial blocks at both ends, which a neighbouring chunk's writer shares
+                self._write_cached(self._start, head_end)
                 self._write_cached(interior_end, self._end)
         finally:
             self._wait()
 
     def _send(self, lo: int, hi: int) -> None:
         assert self._thread is not None
-        self._pending.append(self._thread.submit(self._write_direct, lo, hi))
+        self._pending.append(self._thread.submit(self._write_blocks, lo, hi))
         self._sent = hi
 
-    def _write_direct(self, lo: int, hi: int) -> None:
+    def _write_blocks(self, lo: int, hi: int) -> None:
+        """Whole blocks [lo, hi) of the chunk, on the helper thread: direct, or cached once refused."""
         with self._view[lo - self._origin : hi - self._origin] as view:
             if self.direct_fd >= 0:
                 try:
                     _write_all(self.direct_fd, view, lo)
                     return
                 except OSError as e:
-                    if e.errno != errno.EINVAL:
+                    if e.errno not in _NOT_SUPPORTED:
                         raise
                     # Refused (an alignment this file system does not take): the page cache writes the same
                     # bytes, now and from here on. Pieces run one at a time on the one helper thread.
@@ -187,9 +206,14 @@ class ChunkWriter:
             if self._thread is not None:
                 self._thread.shutdown(wait=True)
                 self._thread = None
-            self._view.release()
+            self._release()
+
+    def _release(self) -> None:
+        self._view.release()
+        if self._buffer is not None:
             self._buffer.close()
-            for fd in (self.fd, self.direct_fd):
-                if fd >= 0:
-                    os.close(fd)
-            self.fd = self.direct_fd = -1
+            self._buffer = None
+        for fd in (self.fd, self.direct_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.direct_fd = -1
