@@ -4,10 +4,11 @@ Why around the page cache
 -------------------------
 A conversion writes every pixel once and never reads it back. Through the
 page cache each row costs a copy into fresh cache pages, their dirty
-accounting and their writeback, about 0.35 s of CPU per 768 MiB on a
-2-core VM, and on a VM whose host reclaims free guest memory, a host page
-fault for every fresh page as well. With ``O_DIRECT`` the disk takes the rows
-from this worker's own buffer, which stays the same memory chunk after chunk.
+accounting and their writeback: 0.3-0.45 s of CPU per 768 MiB on the 2-core
+VM of docs/benchmarks.md, and up to twice that where the pages are fresh to
+a VM whose host takes free guest memory back (that VM's balloon reports free
+pages). With ``O_DIRECT`` the disk takes the rows from this worker's own
+buffer, the same memory chunk after chunk: 0.1-0.17 s for the same bytes.
 
 How
 ---

@@ -41,7 +41,9 @@ down over a skipped image's slot. Otherwise workers return raw pixels and the
 parent writes them in order through `tbl_format.Writer`. The parent keeps at
 most ``4 * workers`` chunks in flight, so memory stays bounded whatever the
 dataset size (about 16 MiB of decoded pixels in flight per worker when they
-travel back). The fork server starts while the source is listed.
+travel back; written in place, a worker holds one chunk's rows for direct
+writes: 4.7 MiB at 160 px, never over 64 MiB). The fork server starts while
+the source is listed.
 ``workers=1`` runs in the calling process with the same code. As with any
 ``spawn``/``forkserver`` pool, a script calling `convert` with workers > 1
 needs the usual ``if __name__ == "__main__":`` guard.
