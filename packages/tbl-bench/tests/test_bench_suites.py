@@ -232,3 +232,23 @@ def test_conversion_epochs_delete_the_previous_output_untimed(suffix):
     folder = w.made[-1].parent
     w.close()
     assert not folder.exists()
+
+
+def test_convert_steps_splits_a_worker_into_its_steps(tmp_path, capsys):
+    import json
+
+    from tbl_bench import convert_steps, data
+
+    tar = tmp_path / "photos.tar"
+    data.make_image_tar(tar, 70, num_classes=2, min_size=64, max_size=96, seed=3, workers=1)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert convert_steps.main([str(tar), "--size", "32", "--scratch", str(scratch), "--json",
+                               str(tmp_path / "steps.json")]) == 0
+    doc = json.loads((tmp_path / "steps.json").read_text())
+    assert doc["images"] == 70 and doc["size"] == 32  # two chunks, the second a short one
+    assert list(doc["steps"]) == list(convert_steps.VARIANTS)
+    assert doc["steps"]["decode-limit"]["cpu_vs_limit"] == 1.0
+    assert all(s["user_us"] > 0 and s["wall_us"] > 0 for s in doc["steps"].values())
+    assert list(scratch.iterdir()) == []  # the scratch file is removed
+    assert "+ direct write" in capsys.readouterr().out

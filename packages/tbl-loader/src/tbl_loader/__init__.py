@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from . import order
+# Public modules: `decode` is the rule of a converted image (`reference_preprocess` checks one);
+# `chunk_writer` writes a conversion's rows in place (the bench splits a conversion's cost with both).
+from . import chunk_writer, decode, order
 from ._kernels import KernelsFeatureError
 from .cache import CacheFullError
 from .conversion import (
@@ -115,9 +117,11 @@ __all__ = [
     "WorkerCrashError",
     "__version__",
     "allocate_host",
+    "chunk_writer",
     "collate_identity",
     "collate_tensors",
     "convert",
+    "decode",
     "keys_uniform",
     "merge_parts",
     "numpy_generator",

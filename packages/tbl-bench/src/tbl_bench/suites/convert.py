@@ -77,19 +77,24 @@ def _open_tar(tar: str) -> None:
     _TAR_FD = os.open(tar, os.O_RDONLY)
 
 
-def _decode_resize_chunk(args: tuple[list[tuple[int, int]], int]) -> int:
-    """Pillow's share of a conversion: read, draft-decode and squash-resize each image; keep nothing."""
+def decode_resize(data: bytes, size: int):
+    """Pillow's share of converting one image: draft-decode, RGB and squash-resize; the decode limit's unit."""
     from PIL import Image
 
+    with Image.open(io.BytesIO(data)) as img:
+        if img.format == "JPEG":
+            img.draft("RGB", (size, size))
+        img.load()
+        rgb = img if img.mode == "RGB" else img.convert("RGB")
+        return rgb.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
+
+
+def _decode_resize_chunk(args: tuple[list[tuple[int, int]], int]) -> int:
+    """Pillow's share of a conversion for each image of a task: read, `decode_resize`; keep nothing."""
     spans, size = args
     assert _TAR_FD is not None, "worker not initialised"
     for off, n in spans:
-        with Image.open(io.BytesIO(os.pread(_TAR_FD, n, off))) as img:
-            if img.format == "JPEG":
-                img.draft("RGB", (size, size))
-            img.load()
-            rgb = img if img.mode == "RGB" else img.convert("RGB")
-            rgb.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
+        decode_resize(os.pread(_TAR_FD, n, off), size)
     return len(spans)
 
 
