@@ -188,13 +188,18 @@ def test_convert_configurations_and_ratios(tmp_path):
     from tbl_bench.suites import convert as convert_suite
 
     configs = {c.name: c for c in convert_suite.configurations(_ctx(tmp_path, peers=True))}
-    assert set(configs) == {"decode-limit", "tbl", "turboloader", "litdata", "ffcv-raw", "ffcv-jpg"}
-    assert configs["decode-limit"].role == "ceiling" and configs["tbl"].role == "subject"
+    assert set(configs) == {"decode-limit", "decode-limit-tbl-resize", "tbl", "turboloader", "litdata", "ffcv-raw",
+                            "ffcv-jpg"}
+    assert configs["decode-limit"].role == configs["decode-limit-tbl-resize"].role == "ceiling"
+    assert configs["tbl"].role == "subject"
+    assert configs["decode-limit-tbl-resize"].params["resize"] == "tbl" and "resize" not in configs["decode-limit"].params
     cores = convert_suite.usable_cores()
     assert all(c.params["workers"] == cores and c.params["size"] == 32 for c in configs.values())
     assert "peer test" in configs["ffcv-raw"].skip and configs["ffcv-jpg"].params["write_mode"] == "jpg"
-    results = {"tbl": _ok(900.0), "decode-limit": _ok(1000.0), "turboloader": _ok(300.0), "ffcv-raw": _ok(450.0)}
+    results = {"tbl": _ok(900.0), "decode-limit": _ok(1000.0), "decode-limit-tbl-resize": _ok(1200.0),
+               "turboloader": _ok(300.0), "ffcv-raw": _ok(450.0)}
     assert convert_suite.ratios(results) == {"tbl vs decode-limit": pytest.approx(0.9),
+                                             "tbl vs decode-limit-tbl-resize": pytest.approx(0.75),
                                              "tbl vs turboloader": pytest.approx(3.0),
                                              "tbl vs ffcv-raw": pytest.approx(2.0)}
     assert convert_suite.ratios({"decode-limit": _ok(1.0)}) == {}

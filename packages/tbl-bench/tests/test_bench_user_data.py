@@ -114,15 +114,16 @@ def test_convert_on_a_users_tar_against_the_decode_limit(tmp_path, tar):
     proc = _bench("convert", "--data", tar, "--image-size", 24, "--quick", "--json", "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(proc.stdout)["suites"]["convert"]}
-    assert set(rows) == {"decode-limit", "tbl"}
-    assert rows["decode-limit"]["role"] == "ceiling" and rows["tbl"]["role"] == "subject"
+    assert set(rows) == {"decode-limit", "decode-limit-tbl-resize", "tbl"}
+    assert rows["decode-limit"]["role"] == rows["decode-limit-tbl-resize"]["role"] == "ceiling"
+    assert rows["tbl"]["role"] == "subject"
     for r in rows.values():
         assert r["status"] == "ok", (r["name"], r["reason"])
         assert r["params"]["size"] == 24 and r["params"]["tar"] == str(tar)
     assert rows["tbl"]["params"]["count"] == 40 and rows["tbl"]["vs_ceiling"] > 0
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert [r["items_per_epoch"] for r in doc["suites"]["convert"]["results"]] == [40, 40]
-    assert set(doc["suites"]["convert"]["ratios"]) == {"tbl vs decode-limit"}
+    assert [r["items_per_epoch"] for r in doc["suites"]["convert"]["results"]] == [40, 40, 40]
+    assert set(doc["suites"]["convert"]["ratios"]) == {"tbl vs decode-limit", "tbl vs decode-limit-tbl-resize"}
 
 
 def test_convert_refuses_a_converted_tbl(tmp_path, tar):

@@ -240,3 +240,36 @@ def test_chunks_of_huge_images_go_through_the_page_cache(tmp_path: Path) -> None
     finally:
         w.close()
     assert path.read_bytes() == b"".join(rows)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_rows_made_in_place_give_the_file_put_gives(tmp_path: Path, small_pieces, direct: bool) -> None:
+    """fill: each row made in the writer's own buffer (or scratch row); a failed row is then put as None."""
+    base, row_bytes, chunk = 3 * ALIGN + 100, 2 * ALIGN + 7, 5
+    rows: list[bytes | None] = list(_rows(12, row_bytes, 4))
+    rows[3] = rows[7] = None  # 3: left out; 7: its maker fails halfway through the row
+    path = tmp_path / "f.bin"
+    size = base + len(rows) * row_bytes + ALIGN
+    path.write_bytes(bytes(size))
+
+    def make(row: bytes | None, view: memoryview) -> int:
+        if row is None:
+            view[: row_bytes // 2] = b"\xff" * (row_bytes // 2)  # written into the row, then it fails
+            raise ValueError("a bad image")
+        np.frombuffer(view, np.uint8)[:] = np.frombuffer(row, np.uint8)  # an array over the row, dropped on return
+        return len(view)
+
+    w = ChunkWriter(str(path), base, row_bytes, chunk, direct=direct)
+    try:
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            w.begin(start, len(part))
+            for k, row in enumerate(part):
+                try:
+                    assert w.fill(k, lambda view, row=row: make(row, view)) == row_bytes
+                except ValueError:
+                    w.put(k, None)
+            w.finish()
+    finally:
+        w.close()
+    assert path.read_bytes() == _expected(size, base, row_bytes, rows)

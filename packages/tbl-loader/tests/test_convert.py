@@ -233,7 +233,7 @@ def test_interrupt_leaves_nothing(tmp_path: Path, imagenet_files: dict[str, byte
     # the package exports the function `convert`, which hides the submodule attribute of the same name
     conv = importlib.import_module("tbl_loader.conversion")
     calls = {"n": 0}
-    real = conv._Decoder.one
+    real = conv._Decoder.read
 
     def interrupted(self, locator):
         calls["n"] += 1
@@ -241,7 +241,7 @@ def test_interrupt_leaves_nothing(tmp_path: Path, imagenet_files: dict[str, byte
             raise KeyboardInterrupt
         return real(self, locator)
 
-    monkeypatch.setattr(conv._Decoder, "one", interrupted)
+    monkeypatch.setattr(conv._Decoder, "read", interrupted)  # every image is read first, on every path
     root = write_tree(tmp_path / "src", imagenet_files)
     for kwargs in ({}, {"shard_rows": 3}):
         calls["n"] = 0

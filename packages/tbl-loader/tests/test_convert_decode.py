@@ -202,3 +202,66 @@ def test_converter_refuses_load_truncated_images(tmp_path, monkeypatch: pytest.M
     with pytest.raises(PillowConfigError):
         convert(root, tmp_path / "out.tbl", 16, workers=2, progress=False)
     assert not (tmp_path / "out.tbl").exists()
+
+
+@pytest.mark.parametrize("resample", list(FILTERS))
+@pytest.mark.parametrize("mode", ["center_crop", "squash"])
+def test_preprocess_into_gives_preprocess_image_bytes_with_and_without_the_kernel(
+        files: dict[str, bytes], mode: str, resample: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tbl_loader import fast_resize
+    from tbl_loader.decode import preprocess_image, preprocess_into
+
+    for kernel in (True, False):
+        if not kernel:
+            monkeypatch.setattr(fast_resize, "kernel_resize_available", lambda resample: False)
+        for name, data in files.items():
+            for size in (24, 150):
+                out = np.full((size, size, 3), 7, np.uint8)
+                preprocess_into(data, size, mode, resample, True, out)
+                want = np.asarray(preprocess_image(data, size, mode, resample, True))
+                assert np.array_equal(out, want), (name, size, kernel)
+
+
+def test_the_kernel_resize_runs_wherever_the_kernels_have_it() -> None:
+    """No silent slow path: with tbl-kernels 0.2 and Pillow 11.2+ the self-check passes and the kernel runs."""
+    import tbl_kernels
+    from tbl_loader import fast_resize
+
+    expected = callable(getattr(tbl_kernels, "pillow_resize", None)) and hasattr(Image.Image, "__arrow_c_array__")
+    assert all(fast_resize.kernel_resize_available(r) is expected for r in FILTERS)
+
+
+def test_a_kernel_that_differs_from_pillow_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tbl_kernels
+    from tbl_loader import fast_resize
+
+    if not callable(getattr(tbl_kernels, "pillow_resize", None)):
+        pytest.skip("these kernels have no pillow_resize")
+    real = tbl_kernels.pillow_resize
+
+    def off_by_one(img, out, resample="bilinear", box=None):
+        real(img, out, resample, box)
+        out[0, 0, 0] ^= 1
+
+    monkeypatch.setattr(tbl_kernels, "pillow_resize", off_by_one)
+    fast_resize.kernel_resize_available.cache_clear()
+    try:
+        assert fast_resize.kernel_resize_available("bilinear") is False
+        out = np.empty((16, 16, 3), np.uint8)
+        img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 30, 3), dtype=np.uint8))
+        fast_resize.resize_into(img, out, "bilinear", None)
+        assert np.array_equal(out, np.asarray(img.resize((16, 16), Image.Resampling.BILINEAR, reducing_gap=None)))
+    finally:
+        fast_resize.kernel_resize_available.cache_clear()
+
+
+def test_an_image_in_several_pillow_blocks_is_resized_by_pillow() -> None:
+    from tbl_loader import fast_resize
+
+    width = 1024
+    rows = Image.core.get_block_size() // (width * 4) + 1  # one row more than a block holds
+    img = Image.new("RGB", (width, rows), (10, 200, 30))
+    img.paste((250, 5, 90), (0, rows // 2, width, rows))
+    out = np.empty((32, 32, 3), np.uint8)
+    fast_resize.resize_into(img, out, "bilinear", None)
+    assert np.array_equal(out, np.asarray(img.resize((32, 32), Image.Resampling.BILINEAR, reducing_gap=None)))

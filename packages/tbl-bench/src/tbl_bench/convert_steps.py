@@ -7,13 +7,16 @@ splits the difference. One process on one core reads each image of the TAR
 and runs it through five variants, each adding one step of a worker's
 squash conversion to the one before:
 
-- ``decode-limit``: the convert suite's ceiling (`suites.convert.decode_resize`);
-- ``preprocess``: `tbl_loader.decode.preprocess_image`, what a worker stores
-  (the same decode and resize, plus EXIF orientation and the RGB rule);
-- ``+ pixels, checksums``: ``Image.tobytes`` and `tbl_format.row_crcs`;
-- ``+ direct write``: the rows written at their slots of a scratch file by
-  `tbl_loader.chunk_writer.ChunkWriter` (around the page cache where the
-  file system allows it, as in `tbl convert`);
+- ``decode-limit``: the convert suite's ceiling (`suites.convert.decode_resize`:
+  Pillow's draft decode and Pillow's resize);
+- ``prepare in place``: `tbl_loader.decode.preprocess_into`, what a worker
+  stores, made in a row of its own (the same decode, EXIF orientation and
+  RGB rule, and Pillow's resize through tbl-kernels where it gives Pillow's
+  bytes, `tbl_loader.fast_resize`);
+- ``+ checksums``: `tbl_format.row_crcs` of the row;
+- ``+ direct write``: the rows made at their slots in the buffer of
+  `tbl_loader.chunk_writer.ChunkWriter` and written to a scratch file (around
+  the page cache where the file system allows it, as in `tbl convert`);
 - ``+ cached write``: the same through the page cache.
 
 Every chunk of 64 images runs all five, in an order that rotates from chunk
@@ -39,7 +42,7 @@ from typing import Any
 __all__ = ["main", "measure_steps"]
 
 CHUNK = 64  # images per chunk, as `tbl convert` hands them to its workers
-VARIANTS = ("decode-limit", "preprocess", "+ pixels, checksums", "+ direct write", "+ cached write")
+VARIANTS = ("decode-limit", "prepare in place", "+ checksums", "+ direct write", "+ cached write")
 
 
 def measure_steps(tar: str, size: int, images: int | None = None, scratch: str | None = None) -> dict[str, Any]:
@@ -50,39 +53,43 @@ def measure_steps(tar: str, size: int, images: int | None = None, scratch: str |
     from tbl_bench.peers.pil import index_tar
     from tbl_bench.suites.convert import decode_resize
     from tbl_loader.chunk_writer import ChunkWriter
-    from tbl_loader.decode import preprocess_image
+    from tbl_loader.decode import preprocess_into
 
     spans = index_tar(tar)[0][:images]
     if not spans:
         raise SystemExit(f"{tar}: no images")
     row = size * size * 3
     tar_fd = os.open(tar, os.O_RDONLY)
+    scratch_row = np.empty((size, size, 3), np.uint8)
 
     def read(off: int, n: int) -> bytes:  # as a worker reads a TAR member, by positioned read
         return os.pread(tar_fd, n, off)
 
-    def pixels(off: int, n: int) -> bytes:
-        return preprocess_image(read(off, n), size, "squash", "bilinear", True).tobytes()
+    def prepare(data: bytes, slot: int, view: memoryview) -> list[int]:  # a worker's work on one image
+        pixels = np.frombuffer(view, np.uint8).reshape(size, size, 3)
+        preprocess_into(data, size, "squash", "bilinear", True, pixels)
+        del pixels
+        return tbl_format.row_crcs(slot, view)
 
     def limit(first: int, chunk: Sequence[tuple[int, int]]) -> None:
         for off, n in chunk:
             decode_resize(read(off, n), size)
 
-    def preprocess(first: int, chunk: Sequence[tuple[int, int]]) -> None:
+    def in_place(first: int, chunk: Sequence[tuple[int, int]]) -> None:
         for off, n in chunk:
-            preprocess_image(read(off, n), size, "squash", "bilinear", True)
+            preprocess_into(read(off, n), size, "squash", "bilinear", True, scratch_row)
 
     def checksummed(first: int, chunk: Sequence[tuple[int, int]]) -> None:
-        for k, (off, n) in enumerate(chunk):
-            tbl_format.row_crcs(first + k, pixels(off, n))
+        with memoryview(scratch_row).cast("B") as view:
+            for k, (off, n) in enumerate(chunk):
+                prepare(read(off, n), first + k, view)
 
     def written(writer: ChunkWriter) -> Callable[[int, Sequence[tuple[int, int]]], None]:
         def run(first: int, chunk: Sequence[tuple[int, int]]) -> None:
             writer.begin(first, len(chunk))
             for k, (off, n) in enumerate(chunk):
-                px = pixels(off, n)
-                writer.put(k, px)
-                tbl_format.row_crcs(first + k, px)
+                data = read(off, n)
+                writer.fill(k, lambda view, data=data, slot=first + k: prepare(data, slot, view))
             writer.finish()
 
         return run
@@ -93,7 +100,7 @@ def measure_steps(tar: str, size: int, images: int | None = None, scratch: str |
         os.ftruncate(fd, row * len(spans))  # both writers write the same bytes at the same slots
         writers = [ChunkWriter(path, 0, row, CHUNK, direct=True), ChunkWriter(path, 0, row, CHUNK, direct=False)]
         direct = writers[0].direct
-        runs = [limit, preprocess, checksummed, written(writers[0]), written(writers[1])]
+        runs = [limit, in_place, checksummed, written(writers[0]), written(writers[1])]
         totals = np.zeros((len(runs), 3))
         for c, first in enumerate(range(0, len(spans), CHUNK)):
             chunk = spans[first : first + CHUNK]
@@ -104,9 +111,10 @@ def measure_steps(tar: str, size: int, images: int | None = None, scratch: str |
                 wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
                 totals[v] += (after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, wall)
         last = len(spans) - 1
+        preprocess_into(read(*spans[last]), size, "squash", "bilinear", True, scratch_row)
         with open(path, "rb") as f:
             f.seek(last * row)
-            if f.read(row) != pixels(*spans[last]):
+            if f.read(row) != scratch_row.tobytes():
                 raise RuntimeError("the scratch file does not hold the last image's pixels: a write went wrong")
     finally:
         for w in writers:

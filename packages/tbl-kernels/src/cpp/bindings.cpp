@@ -7,11 +7,14 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -20,6 +23,7 @@
 #include "batch.hpp"
 #include "dispatch.hpp"
 #include "errors.hpp"
+#include "pillow_resize.hpp"
 #include "thread_pool.hpp"
 
 namespace nb = nanobind;
@@ -161,6 +165,77 @@ void gather_columns_nd(const std::vector<std::vector<SrcNd>>& columns, const Ind
     gather_columns(column_refs, indices_of(indices), out_refs);
 }
 
+// The Arrow C data interface's structs (arrow.apache.org/docs/format/CDataInterface.html):
+// a stable ABI, which is how Pillow lends an image's pixels without copying them.
+struct ArrowSchema {
+    const char* format;
+    const char* name;
+    const char* metadata;
+    int64_t flags;
+    int64_t n_children;
+    ArrowSchema** children;
+    ArrowSchema* dictionary;
+    void (*release)(ArrowSchema*);
+    void* private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void** buffers;
+    ArrowArray** children;
+    ArrowArray* dictionary;
+    void (*release)(ArrowArray*);
+    void* private_data;
+};
+
+template <typename T>
+const T* capsule_struct(const nb::capsule& c, const char* name) {
+    const char* got = c.name();
+    if (got == nullptr || std::strcmp(got, name) != 0)
+        throw ValueError(std::string("pillow_resize: expected a capsule named '") + name + "'");
+    const T* p = static_cast<const T*>(c.data());
+    if (p == nullptr || p->release == nullptr) throw ValueError(std::string("pillow_resize: ") + name + " was released");
+    return p;
+}
+
+// The pixels of an image exported as Pillow exports 3- and 4-band 8-bit images: a fixed-size
+// list of 4 uint8 per pixel ("+w:4" of "C"), width * height pixels, one contiguous buffer.
+const uint8_t* rgbx_pixels(const nb::capsule& schema_capsule, const nb::capsule& array_capsule, int width, int height) {
+    const auto* schema = capsule_struct<ArrowSchema>(schema_capsule, "arrow_schema");
+    const auto* array = capsule_struct<ArrowArray>(array_capsule, "arrow_array");
+    if (width < 1 || height < 1) throw ValueError("pillow_resize: the image is empty");
+    const int64_t pixels = static_cast<int64_t>(width) * height;
+    if (schema->format == nullptr || std::strcmp(schema->format, "+w:4") != 0 || schema->n_children != 1 ||
+        schema->children[0]->format == nullptr || std::strcmp(schema->children[0]->format, "C") != 0)
+        throw ValueError("pillow_resize: the image is not 4 bytes per pixel (Arrow '+w:4' of 'C'); "
+                         "give an RGB image");
+    if (array->length != pixels || array->offset != 0 || array->null_count != 0 || array->n_children != 1)
+        throw ValueError("pillow_resize: the Arrow array does not hold width * height pixels from offset 0");
+    const ArrowArray* values = array->children[0];
+    if (values->length != 4 * pixels || values->offset != 0 || values->null_count != 0 || values->n_buffers != 2 ||
+        values->buffers[1] == nullptr)
+        throw ValueError("pillow_resize: the Arrow array's values are not 4 * width * height contiguous bytes");
+    return static_cast<const uint8_t*>(values->buffers[1]);
+}
+
+using RgbOutNd = nb::ndarray<uint8_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+
+void pillow_resize_nd(const nb::capsule& schema, const nb::capsule& array, int width, int height,
+                      std::array<float, 4> box, int filter, bool horizontal_first, RgbOutNd out) {
+    const uint8_t* src = rgbx_pixels(schema, array, width, height);
+    if (out.shape(2) != 3 || out.shape(0) > INT32_MAX || out.shape(1) > INT32_MAX)
+        throw ValueError("pillow_resize: out must be (height, width, 3) uint8");
+    const int out_h = static_cast<int>(out.shape(0)), out_w = static_cast<int>(out.shape(1));
+    uint8_t* dst = out.data();
+    nb::gil_scoped_release release;  // the capsules (arguments) keep the pixels alive
+    pillow_resize_rgb(src, static_cast<int64_t>(width) * 4, width, height, box.data(), out_w, out_h, filter,
+                      horizontal_first, dst);
+}
+
 // Runs after the call returns, with the GIL held again.
 void translate_error(const std::exception_ptr& p, void*) {
     try {
@@ -206,6 +281,8 @@ NB_MODULE(_core, m) {
     m.def("resize_crop_images", &resize_crop_images_nd, arg("images").noconvert(), arg("windows").noconvert(),
           arg("out").noconvert(), arg("table").noconvert().none(), arg("flip").noconvert().none(), arg("layout"),
           arg("affine_hint").none() = nb::none(), Release());
+    m.def("pillow_resize", &pillow_resize_nd, arg("schema"), arg("array"), arg("width"), arg("height"), arg("box"),
+          arg("filter"), arg("horizontal_first"), arg("out").noconvert());
     m.def("gather_rows", &gather_rows_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("out").noconvert(), Release());
     m.def("gather_columns", &gather_columns_nd, arg("columns").noconvert(), arg("indices").noconvert(),

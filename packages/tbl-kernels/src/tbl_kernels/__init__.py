@@ -23,6 +23,8 @@ KERNELS_ABI = 3  # bumped on any binding change; the compiled module must agree
 __all__ = [
     "KERNELS_ABI",
     "NormalizationTable",
+    "PILLOW_FILTERS",
+    "PillowLayoutError",
     "__version__",
     "crop_resize_images",
     "gather_columns",
@@ -32,6 +34,8 @@ __all__ = [
     "gather_u8",
     "get_num_threads",
     "normalization_table",
+    "pillow_horizontal_first",
+    "pillow_resize",
     "reference",
     "resize_crop_images",
     "set_num_threads",
@@ -348,3 +352,87 @@ def gather_columns(columns: Sequence[Sequence[Any]], indices: Any, outs: Sequenc
 _simd_env = os.environ.get("TBL_KERNELS_SIMD")
 if _simd_env:
     set_simd(_simd_env)
+
+
+PILLOW_FILTERS = {"lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
+"""The filters `pillow_resize` takes, by name, with Pillow's ``Image.Resampling`` codes."""
+
+
+class PillowLayoutError(ValueError):
+    """The image's pixels are not one block that Pillow can lend (a multi-block image): resize it with Pillow."""
+
+
+def pillow_resize(image: Any, out: Any, resample: str = "bilinear",
+                  box: tuple[float, float, float, float] | None = None) -> None:
+    """Pillow's ``image.resize((OW, OH), resample, box=box)`` of an RGB Pillow image, bit for bit, into ``out``.
+
+    ``out``: a C-contiguous uint8 ``(OH, OW, 3)`` array; it receives the bytes
+    of ``np.asarray(image.resize(...))``, so no Pillow image is made and no
+    ``tobytes()`` copy. The pixels are read where Pillow keeps them, lent
+    through the Arrow C data interface (``image.__arrow_c_array__``, Pillow
+    11.2 or newer). The arithmetic is Pillow's own (``libImaging/Resample.c``):
+    double-precision weights of the filter rounded to 22-bit fixed point, the
+    horizontal pass and then the vertical, each summed in int32 and rounded to
+    uint8; an integral ``box`` of the output's size is a plain crop, as in
+    Pillow. ``resample``: a key of ``PILLOW_FILTERS`` (no nearest). ``box``:
+    ``(left, upper, right, lower)``, taken in single precision as Pillow takes
+    it; default the whole image. Runs on the calling thread, GIL released.
+
+    Bit-exactness assumes Pillow's weights come out as they do in Pillow's
+    x86-64 builds (no fused multiply-add in its double arithmetic); a caller
+    that must match the installed Pillow checks a few images first, as
+    ``tbl convert`` does. Raises PillowLayoutError for an image Pillow cannot
+    lend in one piece (larger than Pillow's block size), ValueError for a mode
+    other than RGB, an unknown filter or a box Pillow refuses (Pillow's
+    messages). New in 0.2.0 (``KERNELS_ABI`` 3).
+    """
+    if getattr(image, "mode", None) != "RGB":
+        raise ValueError(f"pillow_resize takes an RGB Pillow image, got mode {getattr(image, 'mode', None)!r}")
+    if resample not in PILLOW_FILTERS:
+        raise ValueError(f"resample must be one of {tuple(PILLOW_FILTERS)}, got {resample!r}")
+    export = getattr(image, "__arrow_c_array__", None)
+    if export is None:
+        raise TypeError("pillow_resize needs Pillow 11.2 or newer (images that export Arrow arrays)")
+    width, height = image.size
+    if box is None:
+        box = (0.0, 0.0, float(width), float(height))
+    try:
+        schema, array = export()
+    except ValueError as e:  # Pillow lends only single-block images
+        raise PillowLayoutError(f"Pillow cannot lend this {width}x{height} image's pixels in one piece: {e}") from e
+
+    def explain() -> None:
+        _check_out(out)
+        if isinstance(out, np.ndarray) and (out.dtype != np.uint8 or out.ndim != 3):
+            raise TypeError(f"out must be a uint8 (height, width, 3) array, got {out.dtype} {out.shape}")
+
+    horizontal_first = pillow_horizontal_first((width, height), (int(out.shape[1]), int(out.shape[0])))
+    _call(_core.pillow_resize,
+          (schema, array, width, height, tuple(map(float, box)), PILLOW_FILTERS[resample], horizontal_first, out),
+          explain)
+
+
+def pillow_horizontal_first(size: tuple[int, int], out_size: tuple[int, int]) -> bool:
+    """Whether the installed Pillow resamples ``size`` to ``out_size`` horizontally first, where both axes change.
+
+    Pillow 13 runs the vertical pass first where the height shrinks by more than twice as many pixels as the
+    width (image sizes, not the box: ``libImaging/Resample.c``); earlier releases always run the horizontal
+    pass first. The order changes the rounding of the intermediate image, so it changes the result.
+    """
+    (width, height), (out_width, out_height) = size, out_size
+    if _pillow_release() < (13,):
+        return True
+    shrink = height - out_height
+    return not (shrink > 0 and shrink > (width - out_width) * 2)
+
+
+_PILLOW_RELEASE: tuple[int, ...] | None = None
+
+
+def _pillow_release() -> tuple[int, ...]:
+    global _PILLOW_RELEASE
+    if _PILLOW_RELEASE is None:
+        import PIL  # only reached with a Pillow image in hand
+
+        _PILLOW_RELEASE = tuple(int(p) for p in PIL.__version__.split(".")[:2] if p.isdigit())
+    return _PILLOW_RELEASE

@@ -12,8 +12,8 @@ buffer, the same memory chunk after chunk: 0.1-0.17 s for the same bytes.
 
 How
 ---
-The rows of a chunk (consecutive slots) are copied into a page-aligned buffer
-laid out as the file is, so that file offsets and buffer addresses share their
+The rows of a chunk (consecutive slots) are made in (`ChunkWriter.fill`) or
+copied into (`ChunkWriter.put`) a page-aligned buffer laid out as the file is, so that file offsets and buffer addresses share their
 alignment. Whole ``ALIGN``-byte blocks go out with ``O_DIRECT`` from a helper
 thread in pieces of at least ``PIECE`` bytes while the next rows decode. The
 partial blocks at the chunk's two ends go through the page cache, because the
@@ -36,7 +36,9 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 __all__ = ["ALIGN", "DIRECT_BUFFER_MAX", "PIECE", "ChunkWriter"]
 
@@ -51,6 +53,8 @@ PIECE = 256 << 10
 DIRECT_BUFFER_MAX = 64 << 20
 """Larger chunks (huge images) go through the page cache rather than holding a buffer this large per worker."""
 
+
+T = TypeVar("T")
 
 _NOT_SUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP)  # how a file system says no to O_DIRECT (open or write)
 
@@ -73,8 +77,8 @@ def _write_all(fd: int, view: memoryview, at: int) -> None:
 class ChunkWriter:
     """Writes the rows of one chunk of slots at a time into ``path``: slot ``i`` at ``base + i * row_bytes``.
 
-    ``begin(first_slot, count)``, then ``put(k, row)`` for rows ``k = 0 .. count - 1`` in order (None for an
-    image left out: its slot stays zero, never committed), then ``finish()``. ``direct=False`` keeps every write
+    ``begin(first_slot, count)``, then ``put(k, row)`` or ``fill(k, produce)`` for rows ``k = 0 .. count - 1``
+    in order (``put(k, None)`` for an image left out: its slot stays zero, never committed), then ``finish()``. ``direct=False`` keeps every write
     in the page cache. The slots must hold zeros before (a fresh file, as `tbl_format.PlacedWriter` makes).
     """
 
@@ -85,6 +89,7 @@ class ChunkWriter:
         self.fd = self.direct_fd = -1
         self._buffer: mmap.mmap | None = None  # only for direct I/O: the page cache takes rows one by one
         self._view = memoryview(b"")
+        self._scratch: bytearray | None = None  # `fill`'s row on the page-cache-only path
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
         self._start = self._end = self._origin = self._sent = 0
@@ -125,8 +130,7 @@ class ChunkWriter:
 
     def put(self, k: int, row: bytes | bytearray | memoryview | None) -> None:
         """Row ``k`` of the chunk (rows arrive in order); None for an image left out."""
-        if k != self._rows:
-            raise ValueError(f"row {k} of the chunk given after {self._rows} rows: rows are put in order")
+        self._check_next(k)
         rb = self.row_bytes
         at = self._start + k * rb
         with memoryview(row if row is not None else b"") as src:
@@ -139,8 +143,39 @@ class ChunkWriter:
                 self._view[at - self._origin : at - self._origin + rb] = bytes(rb)  # the buffer is reused
             else:
                 self._view[at - self._origin : at - self._origin + rb] = src.cast("B")
+        self._advance(at)
+
+    def fill(self, k: int, produce: Callable[[memoryview], T]) -> T:
+        """Row ``k`` made in place: ``produce(view)`` writes the row's bytes into ``view`` (writable,
+        ``row_bytes`` long, in this writer's buffer, so the row is never copied) and may read them back
+        (to checksum them); its result is returned. ``produce`` must keep no export of ``view`` (a numpy
+        array over it) past its return. If it raises, nothing is counted: ``put(k, None)`` then leaves the
+        slot zero."""
+        self._check_next(k)
+        rb = self.row_bytes
+        at = self._start + k * rb
+        if self._buffer is None:  # page cache only: made in a scratch row, then written
+            if self._scratch is None:
+                self._scratch = bytearray(rb)
+            view = memoryview(self._scratch)
+        else:
+            view = self._view[at - self._origin : at - self._origin + rb]
+        # Released only on success: after a failure, an array over the row may live on in the exception's
+        # traceback, and the view goes when that does (release() would raise BufferError meanwhile).
+        result = produce(view)
+        if self._buffer is None:
+            _write_all(self.fd, view, at)
+        view.release()
+        self._advance(at)
+        return result
+
+    def _check_next(self, k: int) -> None:
+        if k != self._rows:
+            raise ValueError(f"row {k} of the chunk given after {self._rows} rows: rows are put in order")
+
+    def _advance(self, at: int) -> None:
         self._rows += 1
-        ready = _align_down(at + rb)
+        ready = _align_down(at + self.row_bytes)
         if self._buffer is not None and ready - self._sent >= PIECE:
             self._send(self._sent, ready)
 

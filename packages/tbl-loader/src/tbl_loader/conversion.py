@@ -110,6 +110,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,14 @@ from PIL import features
 import tbl_format
 
 from .chunk_writer import ChunkWriter
-from .decode import ALPHA_BACKGROUND, PillowConfigError, check_params, check_strict, preprocess_image
+from .decode import (
+    ALPHA_BACKGROUND,
+    PillowConfigError,
+    check_params,
+    check_strict,
+    preprocess_image,
+    preprocess_into,
+)
 from .extra_columns import ExtraColumns
 from .jpeg_decode import decoder_info
 from .sources import (
@@ -270,6 +278,13 @@ class _FixedRecipe:
     def prepare(self, data: bytes) -> bytes:
         return preprocess_image(data, self.size, self.mode, self.resample, self.draft).tobytes()
 
+    def prepare_into(self, data: bytes, slot: int, row: memoryview) -> list[int]:
+        """The pixels of ``data`` made in ``row`` (the row of slot ``slot``); returns their `tbl_format.row_crcs`."""
+        pixels = np.frombuffer(row, np.uint8).reshape(self.size, self.size, 3)
+        preprocess_into(data, self.size, self.mode, self.resample, self.draft, pixels)
+        del pixels  # no export of the row past this call (ChunkWriter.fill)
+        return tbl_format.row_crcs(slot, row)
+
     def pixel_bytes(self) -> int:
         return self.size * self.size * 3
 
@@ -317,13 +332,23 @@ class _Decoder:
                 self.close()
                 raise
 
-    def one(self, locator: Locator) -> tuple[Any, str | None]:
+    def read(self, locator: Locator) -> tuple[bytes | None, str | None]:
+        """The encoded bytes of one image, or the error that stopped reading them."""
         try:
             if isinstance(locator, str):
-                data = read_file(locator, self.max_bytes)
-            else:
-                assert self.tar is not None
-                data = self.tar.read(*locator)
+                return read_file(locator, self.max_bytes), None
+            assert self.tar is not None
+            return self.tar.read(*locator), None
+        except MemoryError:
+            raise
+        except Exception as e:  # one bad file must not stop the others; it is reported by name
+            return None, f"{type(e).__name__}: {e}"
+
+    def one(self, locator: Locator) -> tuple[Any, str | None]:
+        data, err = self.read(locator)
+        if data is None:
+            return None, err
+        try:
             return self.recipe.prepare(data), None
         except (PillowConfigError, MemoryError):
             raise
@@ -337,20 +362,32 @@ class _Decoder:
         return self._place(start, locators)
 
     def _place(self, start: int, locators: Sequence[Locator]) -> list[tuple[list[int] | None, str | None]]:
-        """Prepare each image and write its pixels at its slot; per image (its `tbl_format.row_crcs`, None) or
-        (None, error).
+        """Prepare each image in its slot of the chunk's buffer and write it there; per image (its
+        `tbl_format.row_crcs`, None) or (None, error).
 
-        The CRCs are taken here, while the pixels are in this core's cache, so that the converting process
-        need not read them back. The chunk is written when this returns. A bad image is an error message (its
-        slot is left zero, never committed); a failed write (a full disk) raises: it fails the conversion.
+        The pixels are made where they are written (`ChunkWriter.fill`, `_FixedRecipe.prepare_into`) and
+        checksummed there while in this core's cache, so that the converting process need not read them
+        back. The chunk is written when this returns. A bad image is an error message (its slot is left
+        zero, never committed); a failed write (a full disk) raises: it fails the conversion.
         """
         assert self.rows is not None
+        recipe = self.recipe
+        assert isinstance(recipe, _FixedRecipe)
         self.rows.begin(start, len(locators))
         out: list[tuple[list[int] | None, str | None]] = []
         for k, loc in enumerate(locators):
-            prepared, err = self.one(loc)
-            self.rows.put(k, prepared)
-            out.append((None, err) if err is not None else (tbl_format.row_crcs(start + k, prepared), None))
+            data, err = self.read(loc)
+            if data is not None:
+                try:
+                    crcs = self.rows.fill(k, partial(recipe.prepare_into, data, start + k))
+                    out.append((crcs, None))
+                    continue
+                except (PillowConfigError, MemoryError):
+                    raise
+                except Exception as e:  # one bad file must not stop the others; it is reported by name
+                    err = f"{type(e).__name__}: {e}"
+            self.rows.put(k, None)
+            out.append((None, err))
         self.rows.finish()
         return out
 

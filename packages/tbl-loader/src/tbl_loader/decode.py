@@ -1,8 +1,9 @@
 """Decode one image and bring it to a fixed S x S x 3 uint8 array.
 
 `reference_preprocess` is THE definition of what `tbl convert` stores; the
-converter calls the same code path (`preprocess_image`) and its tests compare
-the two with `np.array_equal`.
+converter runs the same steps (`preprocess_into`, which makes step 6's pixels
+in the output row through `tbl_loader.fast_resize`, Pillow's bytes computed by
+tbl-kernels) and its tests compare the two with `np.array_equal`.
 
 The rule, step by step (every step is Pillow, so results are exact for a given
 Pillow and libjpeg build; both versions are recorded in the dataset metadata):
@@ -54,10 +55,14 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
+
+from .fast_resize import resize_into
 
 __all__ = [
     "ALPHA_BACKGROUND",
@@ -68,6 +73,7 @@ __all__ = [
     "check_params",
     "check_strict",
     "preprocess_image",
+    "preprocess_into",
     "reference_preprocess",
     "to_rgb",
 ]
@@ -132,12 +138,9 @@ def check_strict() -> None:
         )
 
 
-def preprocess_image(data: bytes, size: int, mode: str, resample: str, draft: bool) -> Image.Image:
-    """Steps 1-6 on encoded bytes; returns the S x S RGB Pillow image.
-
-    Parameters are assumed valid (see `check_params`); corrupt input raises
-    whatever Pillow raises (UnidentifiedImageError, OSError, ...).
-    """
+@contextmanager
+def _decoded(data: bytes, size: int, mode: str, draft: bool) -> Iterator[tuple[Image.Image, tuple[float, ...] | None]]:
+    """Steps 1-5, and step 6's box (None: the whole image); the image is open until the block ends."""
     check_strict()
     with Image.open(io.BytesIO(data)) as img:
         if draft and img.format == "JPEG":
@@ -145,13 +148,33 @@ def preprocess_image(data: bytes, size: int, mode: str, resample: str, draft: bo
         img.load()
         ImageOps.exif_transpose(img, in_place=True)  # in place: no copy when nothing turns
         rgb = to_rgb(img)
-        filt = RESAMPLE[resample]
         if mode == "squash":
-            return rgb.resize((size, size), filt, reducing_gap=None)
-        w, h = rgb.size
-        side = min(w, h)
-        box = ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
-        return rgb.resize((size, size), filt, box=box, reducing_gap=None)
+            yield rgb, None
+        else:
+            w, h = rgb.size
+            side = min(w, h)
+            yield rgb, ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
+
+
+def preprocess_image(data: bytes, size: int, mode: str, resample: str, draft: bool) -> Image.Image:
+    """Steps 1-6 on encoded bytes; returns the S x S RGB Pillow image.
+
+    Parameters are assumed valid (see `check_params`); corrupt input raises
+    whatever Pillow raises (UnidentifiedImageError, OSError, ...).
+    """
+    with _decoded(data, size, mode, draft) as (rgb, box):
+        return rgb.resize((size, size), RESAMPLE[resample], box=box, reducing_gap=None)
+
+
+def preprocess_into(data: bytes, size: int, mode: str, resample: str, draft: bool, out: np.ndarray) -> None:
+    """`preprocess_image`'s pixels written into ``out`` (a C-contiguous (S, S, 3) uint8 array), the same bytes.
+
+    Step 6 runs through `tbl_loader.fast_resize`: tbl-kernels' copy of Pillow's resize where it gives the
+    installed Pillow's bytes, else Pillow itself. Errors as in `preprocess_image`; ``out`` may be partly
+    written when one is raised.
+    """
+    with _decoded(data, size, mode, draft) as (rgb, box):
+        resize_into(rgb, out, resample, box)
 
 
 def reference_preprocess(

@@ -5,8 +5,12 @@ images - read each member, draft-decode it (DCT scaling, as `tbl convert`
 does by default), convert to RGB and squash-resize it to size x size
 (bilinear, ``reducing_gap=None``: the geometry `tbl convert --mode squash`
 stores), in one warm process per core, keeping and writing nothing. No
-converter can be faster than this on this machine in this run: TBL's figure
-is read as a fraction of it.
+converter that decodes and resizes with Pillow can be faster than this on
+this machine in this run. `tbl convert` resizes with tbl-kernels'
+``pillow_resize`` (Pillow's bytes, computed faster), so it can pass this
+limit: its own ceiling, ``decode-limit-tbl-resize``, is the same work with
+that resize (`tbl_loader.decode.preprocess_into` into a row), still writing
+nothing. TBL's figure is read as a fraction of both.
 
 Subjects: `tbl_loader.convert` (squash); with --peers, TurboLoader's
 `preprocess_to_tbl`, `litdata.optimize` (PIL decode + resize in its workers)
@@ -16,7 +20,7 @@ keeps the aspect ratio, so its images are not squashed). Each tool gets as
 many workers as there are usable cores. Every epoch converts from scratch
 into a fresh destination, deleted before the next epoch, untimed
 (`tbl_bench.conversions`); reading the TAR's member list is part of each
-converter's time (the decode limit's is not).
+converter's time (the decode limits' is not).
 
 With ``--data TAR`` (an ImageNet-layout TAR of JPEGs) and ``--image-size``,
 the user's TAR is converted at that size instead of the generated photos.
@@ -89,42 +93,56 @@ def decode_resize(data: bytes, size: int):
         return rgb.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
 
 
-def _decode_resize_chunk(args: tuple[list[tuple[int, int]], int]) -> int:
-    """Pillow's share of a conversion for each image of a task: read, `decode_resize`; keep nothing."""
-    spans, size = args
+def _decode_resize_chunk(args: tuple[list[tuple[int, int]], int, str]) -> int:
+    """The decoding and resizing of a conversion for each image of a task (``resize``: "pillow", Pillow's
+    `decode_resize`; "tbl", `tbl_loader.decode.preprocess_into` into a row); keep nothing."""
+    spans, size, resize = args
     assert _TAR_FD is not None, "worker not initialised"
-    for off, n in spans:
-        decode_resize(os.pread(_TAR_FD, n, off), size)
+    if resize == "tbl":
+        import numpy as np
+
+        from tbl_loader.decode import preprocess_into
+
+        row = np.empty((size, size, 3), np.uint8)
+        for off, n in spans:
+            preprocess_into(os.pread(_TAR_FD, n, off), size, "squash", "bilinear", True, row)
+    else:
+        for off, n in spans:
+            decode_resize(os.pread(_TAR_FD, n, off), size)
     return len(spans)
 
 
 class _DecodeLimit:
-    """The decode limit: `workers` warm processes doing only the Pillow work of a conversion, no writing."""
+    """A decode limit: `workers` warm processes doing only the decoding and resizing of a conversion."""
 
-    def __init__(self, tar: str, size: int, workers: int):
+    def __init__(self, tar: str, size: int, workers: int, resize: str):
         from tbl_bench.peers.pil import index_tar
 
-        self.size, self.workers = size, workers
+        self.size, self.workers, self.resize = size, workers, resize
         self.spans, _ = index_tar(tar)  # untimed: the limit is the decoding alone
         self.items_per_epoch = len(self.spans)
         # forkserver (spawn off Linux): the worker starts clean of this process's threads and imports.
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                         initializer=_open_tar, initargs=(tar,))
-        list(self.pool.map(_decode_resize_chunk, [([], size)] * workers))  # start every worker untimed
-        self.info = {"workers": workers, "draft": True}
+        # Every worker starts untimed, its imports done and (tbl) its resize checked against Pillow.
+        warm = self.spans[: workers] if resize == "tbl" else []
+        list(self.pool.map(_decode_resize_chunk, [(warm, size, resize)] * workers))
+        self.info = {"workers": workers, "draft": True, "resize": resize}
 
     def run_epoch(self, epoch: int) -> int:
-        chunks = [(self.spans[i : i + DECODE_CHUNK], self.size) for i in range(0, len(self.spans), DECODE_CHUNK)]
+        chunks = [(self.spans[i : i + DECODE_CHUNK], self.size, self.resize)
+                  for i in range(0, len(self.spans), DECODE_CHUNK)]
         return sum(self.pool.map(_decode_resize_chunk, chunks))
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def decode_limit(tar: str, size: int, workers: int):
-    """Workload factory: Pillow draft decode + squash resize of every image on `workers` cores, nothing written."""
-    return _DecodeLimit(tar, size, workers)
+def decode_limit(tar: str, size: int, workers: int, resize: str = "pillow"):
+    """Workload factory: draft decode + squash resize of every image on `workers` cores, nothing written;
+    resized by Pillow (``resize="pillow"``) or by tbl-kernels as `tbl convert` does (``"tbl"``)."""
+    return _DecodeLimit(tar, size, workers, resize)
 
 
 def usable_cores() -> int:
@@ -156,6 +174,8 @@ def configurations(ctx: BenchContext) -> list[Config]:
     configs = [
         Config(NAME, "decode-limit", "pil", "tbl_bench.suites.convert:decode_limit",
                {"tar": tar, "size": size, "workers": workers}, role="ceiling", **common),
+        Config(NAME, "decode-limit-tbl-resize", "tbl", "tbl_bench.suites.convert:decode_limit",
+               {"tar": tar, "size": size, "workers": workers, "resize": "tbl"}, role="ceiling", **common),
         Config(NAME, "tbl", "tbl", "tbl_bench.suites.convert:tbl_convert",
                {"tar": tar, "size": size, "count": count, "workers": workers}, **common),
     ]
@@ -187,7 +207,7 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
     if not tbl:
         return {}
     out = {}
-    for name in ("decode-limit", "turboloader", "litdata", "ffcv-raw", "ffcv-jpg"):
+    for name in ("decode-limit", "decode-limit-tbl-resize", "turboloader", "litdata", "ffcv-raw", "ffcv-jpg"):
         other = results.get(name)
         if other and other.get("throughput"):
             out[f"tbl vs {name}"] = tbl["throughput"] / other["throughput"]
