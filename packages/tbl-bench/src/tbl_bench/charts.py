@@ -114,7 +114,7 @@ def _bar_text(r: dict[str, Any], suite: dict[str, Any]) -> str:
     if "baseline" in rat:
         parts.append(f"{rat['baseline'][1]:.1f}x {rat['baseline'][2]}")
     if "ceiling" in rat:
-        parts.append(f"{rat['ceiling'][1]:.0%} of ceiling")
+        parts.append(f"{rat['ceiling'][1]:.0%} of {rat['ceiling'][0]}")  # named: a suite may have several
     return parts[0] + (f"  ({', '.join(parts[1:])})" if len(parts) > 1 else "")
 
 
