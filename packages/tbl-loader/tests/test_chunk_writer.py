@@ -244,32 +244,53 @@ def test_chunks_of_huge_images_go_through_the_page_cache(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_rows_made_in_place_give_the_file_put_gives(tmp_path: Path, small_pieces, direct: bool) -> None:
-    """fill: each row made in the writer's own buffer (or scratch row); a failed row is then put as None."""
+    """fill: each row made in the writer's own buffer (or scratch row); a row not made leaves its slot zero."""
     base, row_bytes, chunk = 3 * ALIGN + 100, 2 * ALIGN + 7, 5
     rows: list[bytes | None] = list(_rows(12, row_bytes, 4))
-    rows[3] = rows[7] = None  # 3: left out; 7: its maker fails halfway through the row
+    rows[3] = rows[7] = rows[9] = None  # 3: no row; 7: its maker gives up halfway; 9: its maker raises halfway
     path = tmp_path / "f.bin"
     size = base + len(rows) * row_bytes + ALIGN
     path.write_bytes(bytes(size))
 
-    def make(row: bytes | None, view: memoryview) -> int:
-        if row is None:
-            view[: row_bytes // 2] = b"\xff" * (row_bytes // 2)  # written into the row, then it fails
-            raise ValueError("a bad image")
-        np.frombuffer(view, np.uint8)[:] = np.frombuffer(row, np.uint8)  # an array over the row, dropped on return
+    def make(i: int, view: memoryview) -> int | None:
+        if i in (7, 9):
+            view[: row_bytes // 2] = b"\xff" * (row_bytes // 2)  # written into the row, then no row after all
+            if i == 9:
+                raise ValueError("a maker's own failure")
+        if rows[i] is None:
+            return None
+        np.frombuffer(view, np.uint8)[:] = np.frombuffer(rows[i], np.uint8)  # an array over the row, gone on return
         return len(view)
 
     w = ChunkWriter(str(path), base, row_bytes, chunk, direct=direct)
     try:
         for start in range(0, len(rows), chunk):
-            part = rows[start : start + chunk]
-            w.begin(start, len(part))
-            for k, row in enumerate(part):
+            w.begin(start, min(chunk, len(rows) - start))
+            for i in range(start, min(start + chunk, len(rows))):
                 try:
-                    assert w.fill(k, lambda view, row=row: make(row, view)) == row_bytes
+                    assert w.fill(i - start, lambda view, i=i: make(i, view)) == (None if rows[i] is None else row_bytes)
                 except ValueError:
-                    w.put(k, None)
+                    w.put(i - start, None)  # nothing was counted: the slot is put as left out
             w.finish()
     finally:
         w.close()
     assert path.read_bytes() == _expected(size, base, row_bytes, rows)
+
+
+def test_a_failed_write_of_a_row_made_in_place_raises(tmp_path: Path, monkeypatch) -> None:
+    """Page cache only: fill writes the row at once, and a full disk raises out of fill (not taken for the maker's)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(300))
+    w = ChunkWriter(str(path), 0, 100, 3, direct=False)
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(chunk_writer.os, "pwrite", full)
+    try:
+        w.begin(0, 3)
+        with pytest.raises(OSError, match="No space left"):
+            w.fill(0, lambda view: view.__setitem__(slice(None), b"\x01" * 100) or 1)
+    finally:
+        monkeypatch.undo()
+        w.close()

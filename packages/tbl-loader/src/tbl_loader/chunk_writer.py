@@ -145,12 +145,13 @@ class ChunkWriter:
                 self._view[at - self._origin : at - self._origin + rb] = src.cast("B")
         self._advance(at)
 
-    def fill(self, k: int, produce: Callable[[memoryview], T]) -> T:
+    def fill(self, k: int, produce: Callable[[memoryview], T | None]) -> T | None:
         """Row ``k`` made in place: ``produce(view)`` writes the row's bytes into ``view`` (writable,
         ``row_bytes`` long, in this writer's buffer, so the row is never copied) and may read them back
-        (to checksum them); its result is returned. ``produce`` must keep no export of ``view`` (a numpy
-        array over it) past its return. If it raises, nothing is counted: ``put(k, None)`` then leaves the
-        slot zero."""
+        (to checksum them); its result is returned. It returns None for an image left out (it may have
+        written part of the row): the slot is left zero, as ``put(k, None)`` leaves it. ``produce`` must
+        keep no export of ``view`` (a numpy array over it) past its return. A failed write raises, as in
+        `put`; so does an exception from ``produce`` (nothing is counted then)."""
         self._check_next(k)
         rb = self.row_bytes
         at = self._start + k * rb
@@ -160,10 +161,12 @@ class ChunkWriter:
             view = memoryview(self._scratch)
         else:
             view = self._view[at - self._origin : at - self._origin + rb]
-        # Released only on success: after a failure, an array over the row may live on in the exception's
-        # traceback, and the view goes when that does (release() would raise BufferError meanwhile).
+        # Released only on return: after an exception, an array over the row may live on in its traceback,
+        # and the view goes when that does (release() would raise BufferError meanwhile).
         result = produce(view)
-        if self._buffer is None:
+        if result is None and self._buffer is not None:
+            view[:] = bytes(rb)  # the buffer is reused: the slot of an image left out stays zero
+        elif result is not None and self._buffer is None:
             _write_all(self.fd, view, at)
         view.release()
         self._advance(at)

@@ -370,26 +370,29 @@ class _Decoder:
         back. The chunk is written when this returns. A bad image is an error message (its slot is left
         zero, never committed); a failed write (a full disk) raises: it fails the conversion.
         """
-        assert self.rows is not None
-        recipe = self.recipe
-        assert isinstance(recipe, _FixedRecipe)
+        assert self.rows is not None and isinstance(self.recipe, _FixedRecipe)
         self.rows.begin(start, len(locators))
         out: list[tuple[list[int] | None, str | None]] = []
         for k, loc in enumerate(locators):
             data, err = self.read(loc)
-            if data is not None:
-                try:
-                    crcs = self.rows.fill(k, partial(recipe.prepare_into, data, start + k))
-                    out.append((crcs, None))
-                    continue
-                except (PillowConfigError, MemoryError):
-                    raise
-                except Exception as e:  # one bad file must not stop the others; it is reported by name
-                    err = f"{type(e).__name__}: {e}"
-            self.rows.put(k, None)
-            out.append((None, err))
+            errors = [] if err is None else [err]
+            # Only making the row is guarded (`_made_in`): a failed write (a full disk) raises out of fill.
+            crcs = self.rows.fill(k, partial(self._made_in, data, start + k, errors))
+            out.append((crcs, None) if crcs is not None else (None, errors[0]))
         self.rows.finish()
         return out
+
+    def _made_in(self, data: bytes | None, slot: int, errors: list[str], row: memoryview) -> list[int] | None:
+        """The row of ``data`` made in ``row``, and its CRCs; None for no row (its error appended to ``errors``)."""
+        if data is None:
+            return None
+        try:
+            return self.recipe.prepare_into(data, slot, row)
+        except (PillowConfigError, MemoryError):
+            raise
+        except Exception as e:  # one bad file must not stop the others; it is reported by name
+            errors.append(f"{type(e).__name__}: {e}")
+            return None
 
     def close(self) -> None:
         if self.tar is not None:
