@@ -26,6 +26,8 @@
 namespace tbl {
 namespace {
 
+constexpr double kPi = 3.14159265358979323846;  // M_PI's value, which not every compiler defines
+
 // The filters and their supports exactly as Pillow writes them (double precision; the
 // build uses -ffp-contract=off, as Pillow's x86-64 builds have no FMA to contract into).
 double box_filter(double x) { return (x > -0.5 && x <= 0.5) ? 1.0 : 0.0; }
@@ -39,7 +41,7 @@ double hamming_filter(double x) {
     if (x < 0.0) x = -x;
     if (x == 0.0) return 1.0;
     if (x >= 1.0) return 0.0;
-    x = x * M_PI;
+    x = x * kPi;
     return std::sin(x) / x * (0.54f + 0.46f * std::cos(x));  // float constants, as in Pillow
 }
 
@@ -53,7 +55,7 @@ double bicubic_filter(double x) {
 
 double sinc_filter(double x) {
     if (x == 0.0) return 1.0;
-    x = x * M_PI;
+    x = x * kPi;
     return std::sin(x) / x;
 }
 
