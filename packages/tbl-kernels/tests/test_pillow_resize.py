@@ -99,6 +99,8 @@ def test_refusals_name_the_problem():
         tk.pillow_resize(img, np.empty((5, 12, 3), np.uint8)[:, ::2])
     with pytest.raises(ValueError, match=r"\(height, width, 3\)"):
         tk.pillow_resize(img, np.empty((5, 6, 4), np.uint8))
+    with pytest.raises(TypeError, match=r"\(height, width, 3\)"):
+        tk.pillow_resize(img, np.empty(90, np.uint8))
 
 
 def test_an_image_pillow_keeps_in_several_blocks_is_refused_by_name():

@@ -406,7 +406,8 @@ def pillow_resize(image: Any, out: Any, resample: str = "bilinear",
         if isinstance(out, np.ndarray) and (out.dtype != np.uint8 or out.ndim != 3):
             raise TypeError(f"out must be a uint8 (height, width, 3) array, got {out.dtype} {out.shape}")
 
-    horizontal_first = pillow_horizontal_first((width, height), (int(out.shape[1]), int(out.shape[0])))
+    out_size = (int(out.shape[1]), int(out.shape[0])) if len(getattr(out, "shape", ())) == 3 else (1, 1)
+    horizontal_first = pillow_horizontal_first((width, height), out_size)  # a wrong out is refused below
     _call(_core.pillow_resize,
           (schema, array, width, height, tuple(map(float, box)), PILLOW_FILTERS[resample], horizontal_first, out),
           explain)
