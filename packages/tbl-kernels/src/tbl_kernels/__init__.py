@@ -371,10 +371,10 @@ def pillow_resize(image: Any, out: Any, resample: str = "bilinear",
     ``tobytes()`` copy. The pixels are read where Pillow keeps them, lent
     through the Arrow C data interface (``image.__arrow_c_array__``, Pillow
     11.2 or newer). The arithmetic is Pillow's own (``libImaging/Resample.c``):
-    double-precision weights of the filter rounded to 22-bit fixed point, the
-    horizontal pass and then the vertical, each summed in int32 and rounded to
-    uint8; an integral ``box`` of the output's size is a plain crop, as in
-    Pillow. ``resample``: a key of ``PILLOW_FILTERS`` (no nearest). ``box``:
+    double-precision weights of the filter rounded to 22-bit fixed point, one
+    pass per axis that changes, in the installed Pillow's order
+    (`pillow_horizontal_first`), each summed in int32 and rounded to uint8; an
+    integral ``box`` of the output's size is a plain crop, as in Pillow. ``resample``: a key of ``PILLOW_FILTERS`` (no nearest). ``box``:
     ``(left, upper, right, lower)``, taken in single precision as Pillow takes
     it; default the whole image. Runs on the calling thread, GIL released.
 
