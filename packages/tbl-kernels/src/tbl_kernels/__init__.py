@@ -8,6 +8,7 @@ holds a pure-numpy implementation of each kernel with bit-identical results.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -427,13 +428,8 @@ def pillow_horizontal_first(size: tuple[int, int], out_size: tuple[int, int]) ->
     return not (shrink > 0 and shrink > (width - out_width) * 2)
 
 
-_PILLOW_RELEASE: tuple[int, ...] | None = None
-
-
+@functools.cache
 def _pillow_release() -> tuple[int, ...]:
-    global _PILLOW_RELEASE
-    if _PILLOW_RELEASE is None:
-        import PIL  # only reached with a Pillow image in hand
+    import PIL  # only reached with a Pillow image in hand
 
-        _PILLOW_RELEASE = tuple(int(p) for p in PIL.__version__.split(".")[:2] if p.isdigit())
-    return _PILLOW_RELEASE
+    return tuple(int(p) for p in PIL.__version__.split(".")[:2] if p.isdigit())

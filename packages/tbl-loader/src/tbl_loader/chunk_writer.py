@@ -13,8 +13,8 @@ buffer, the same memory chunk after chunk: 0.1-0.17 s for the same bytes.
 How
 ---
 The rows of a chunk (consecutive slots) are made in (`ChunkWriter.fill`) or
-copied into (`ChunkWriter.put`) a page-aligned buffer laid out as the file is, so that file offsets and buffer addresses share their
-alignment. Whole ``ALIGN``-byte blocks go out with ``O_DIRECT`` from a helper
+copied into (`ChunkWriter.put`) a page-aligned buffer laid out as the file
+is, so that file offsets and buffer addresses share their alignment. Whole ``ALIGN``-byte blocks go out with ``O_DIRECT`` from a helper
 thread in pieces of at least ``PIECE`` bytes while the next rows decode. The
 partial blocks at the chunk's two ends go through the page cache, because the
 neighbouring chunk may be written by another worker: a block is never written
@@ -78,8 +78,8 @@ class ChunkWriter:
     """Writes the rows of one chunk of slots at a time into ``path``: slot ``i`` at ``base + i * row_bytes``.
 
     ``begin(first_slot, count)``, then ``put(k, row)`` or ``fill(k, produce)`` for rows ``k = 0 .. count - 1``
-    in order (``put(k, None)`` for an image left out: its slot stays zero, never committed), then ``finish()``. ``direct=False`` keeps every write
-    in the page cache. The slots must hold zeros before (a fresh file, as `tbl_format.PlacedWriter` makes).
+    in order (``put(k, None)`` for an image left out: its slot stays zero, never committed), then
+    ``finish()``. ``direct=False`` keeps every write in the page cache. The slots must hold zeros before (a fresh file, as `tbl_format.PlacedWriter` makes).
     """
 
     def __init__(self, path: str, base: int, row_bytes: int, max_rows: int, direct: bool = True) -> None:
@@ -164,12 +164,13 @@ class ChunkWriter:
         # Released only on return: after an exception, an array over the row may live on in its traceback,
         # and the view goes when that does (release() would raise BufferError meanwhile).
         result = produce(view)
-        if result is None and self._buffer is not None:
-            view[:] = bytes(rb)  # the buffer is reused: the slot of an image left out stays zero
-        elif result is not None and self._buffer is None:
+        if result is not None and self._buffer is None:
             _write_all(self.fd, view, at)
         view.release()
-        self._advance(at)
+        if result is None:
+            self.put(k, None)  # whatever produce wrote into the row is not kept
+        else:
+            self._advance(at)
         return result
 
     def _check_next(self, k: int) -> None:

@@ -280,9 +280,7 @@ class _FixedRecipe:
 
     def prepare_into(self, data: bytes, slot: int, row: memoryview) -> list[int]:
         """The pixels of ``data`` made in ``row`` (the row of slot ``slot``); returns their `tbl_format.row_crcs`."""
-        pixels = np.frombuffer(row, np.uint8).reshape(self.size, self.size, 3)
-        preprocess_into(data, self.size, self.mode, self.resample, self.draft, pixels)
-        del pixels  # no export of the row past this call (ChunkWriter.fill)
+        preprocess_into(data, self.size, self.mode, self.resample, self.draft, row)
         return tbl_format.row_crcs(slot, row)
 
     def pixel_bytes(self) -> int:

@@ -62,7 +62,7 @@ from typing import Final
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from .fast_resize import resize_into
+from .fast_resize import resize_into, resize_with_pillow
 
 __all__ = [
     "ALPHA_BACKGROUND",
@@ -163,18 +163,21 @@ def preprocess_image(data: bytes, size: int, mode: str, resample: str, draft: bo
     whatever Pillow raises (UnidentifiedImageError, OSError, ...).
     """
     with _decoded(data, size, mode, draft) as (rgb, box):
-        return rgb.resize((size, size), RESAMPLE[resample], box=box, reducing_gap=None)
+        return resize_with_pillow(rgb, (size, size), resample, box)
 
 
-def preprocess_into(data: bytes, size: int, mode: str, resample: str, draft: bool, out: np.ndarray) -> None:
-    """`preprocess_image`'s pixels written into ``out`` (a C-contiguous (S, S, 3) uint8 array), the same bytes.
+def preprocess_into(data: bytes, size: int, mode: str, resample: str, draft: bool,
+                    out: np.ndarray | memoryview) -> None:
+    """`preprocess_image`'s pixels written into ``out``, the same bytes: a C-contiguous (S, S, 3) uint8 array,
+    or a writable buffer of S * S * 3 bytes (a row of a file being written; no export of it outlives the call).
 
     Step 6 runs through `tbl_loader.fast_resize`: tbl-kernels' copy of Pillow's resize where it gives the
     installed Pillow's bytes, else Pillow itself. Errors as in `preprocess_image`; ``out`` may be partly
     written when one is raised.
     """
+    pixels = out if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8).reshape(size, size, 3)
     with _decoded(data, size, mode, draft) as (rgb, box):
-        resize_into(rgb, out, resample, box)
+        resize_into(rgb, pixels, resample, box)
 
 
 def reference_preprocess(

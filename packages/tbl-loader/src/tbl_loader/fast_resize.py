@@ -21,10 +21,7 @@ from PIL import Image
 
 from ._kernels import kernels
 
-__all__ = ["kernel_resize_available", "resize_into"]
-
-_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
-            "lanczos": Image.Resampling.LANCZOS}
+__all__ = ["kernel_resize_available", "resize_into", "resize_with_pillow"]
 
 # (source w, h), (output w, h), box: every branch of Pillow's resize that the conversion rule reaches.
 _CHECKS = (
@@ -37,8 +34,10 @@ _CHECKS = (
 )
 
 
-def _pillow_resize(rgb: Image.Image, size: tuple[int, int], resample: str, box: tuple[float, ...] | None):
-    return rgb.resize(size, _FILTERS[resample], box=box, reducing_gap=None)
+def resize_with_pillow(rgb: Image.Image, size: tuple[int, int], resample: str,
+                       box: tuple[float, ...] | None) -> Image.Image:
+    """Step 6 as Pillow does it: the definition the kernel must match (``resample``: bilinear, bicubic, lanczos)."""
+    return rgb.resize(size, Image.Resampling[resample.upper()], box=box, reducing_gap=None)
 
 
 @cache
@@ -58,7 +57,7 @@ def kernel_resize_available(resample: str) -> bool:
             kernels.pillow_resize(img, out, resample, box)
         except (ValueError, TypeError):
             return False
-        if not np.array_equal(out, np.asarray(_pillow_resize(img, size, resample, box))):
+        if not np.array_equal(out, np.asarray(resize_with_pillow(img, size, resample, box))):
             return False
     return True
 
@@ -71,4 +70,4 @@ def resize_into(rgb: Image.Image, out: np.ndarray, resample: str, box: tuple[flo
             return
         except kernels.PillowLayoutError:
             pass  # a multi-block image: Pillow resizes it below
-    out[...] = np.asarray(_pillow_resize(rgb, (out.shape[1], out.shape[0]), resample, box))
+    out[...] = np.asarray(resize_with_pillow(rgb, (out.shape[1], out.shape[0]), resample, box))
