@@ -23,7 +23,7 @@ taken by file and line:
   run, and must not hold commands (fence those as bash).
 
 Over the whole text of every doc (prose, inline code, every block): each dotted
-name of a TBL package (``tbl_loader.order``, ``tbl_format.write``) must
+name of a TBL package (``tbl_loader.stream.order``, ``tbl_format.write``) must
 resolve, and every ``pip install`` in inline code or in any block, comments
 included, must pass the install check above.
 """

@@ -5,8 +5,8 @@ A real-photo ImageNet-layout TAR (tbl-bench's generator) is converted with the
 ``tbl.commands`` entry points), verified with ``tbl verify``, and served by
 ImageLoader. Every served batch must equal, element for element, the
 reference pipeline computed independently here: Pillow decode and resize
-(``tbl_loader.decode.reference_preprocess``), the sample order and flips
-drawn from ``tbl_loader.order``, and the normative normalization table.
+(``tbl_loader.conversion.decode.reference_preprocess``), the sample order and flips
+drawn from ``tbl_loader.stream.order``, and the normative normalization table.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import pytest
 import tbl_format
 import tbl_kernels
 from tbl_bench.data import make_image_tar
-from tbl_loader import IMAGENET_MEAN, IMAGENET_STD, ImageLoader, order
-from tbl_loader.decode import reference_preprocess
+from tbl_loader import IMAGENET_MEAN, IMAGENET_STD, ImageLoader
+from tbl_loader.conversion.decode import reference_preprocess
+from tbl_loader.stream import order
 
 SIZE = 48
 N = 40

@@ -4,7 +4,7 @@
   tbl-kernels <- tbl-loader, everything <- tbl-bench.
 - Nothing imports another package's private (underscore) modules, and across
   packages only names in the target's ``__all__`` are used (or in the ``__all__``
-  of a submodule that the target's ``__all__`` exports, such as ``tbl_loader.order``).
+  of a submodule that the target's ``__all__`` exports, such as ``tbl_loader.stream.order``).
 - Every sibling a package imports is declared in its pyproject.
 - tbl-format imports neither numpy nor torch at module level (a data-prep box
   has neither), and torch is imported at module level only where it is needed.

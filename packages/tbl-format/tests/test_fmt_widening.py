@@ -202,7 +202,7 @@ def test_write_parallel_failure_leaves_nothing(tmp_path):
 
 
 def _reference_fingerprint(ds) -> str:
-    """The formula tbl_loader.state.dataset_fingerprint applied to a tbl_format.Dataset (tbl-loader 0.1.0)."""
+    """The formula tbl_loader.stream.state.dataset_fingerprint applied to a tbl_format.Dataset (tbl-loader 0.1.0)."""
     body = {
         "rows": len(ds),
         "segment_rows": list(ds.segment_rows),

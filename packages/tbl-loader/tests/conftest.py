@@ -7,7 +7,7 @@ import pytest
 
 import tbl_format
 import tbl_kernels.reference as kref
-from tbl_loader import order
+from tbl_loader.stream import order
 
 N_IMAGES = 101  # prime: every batch size and world size leaves a remainder
 IMAGE_SHAPE = (12, 10, 3)

@@ -7,7 +7,8 @@ import pytest
 from conftest import make_images, write_dataset
 
 import tbl_format
-from tbl_loader import EpochOrder, ImageLoader, order
+from tbl_loader import ImageLoader
+from tbl_loader.stream import EpochOrder, order
 
 SHARDS = [40, 0, 17, 40, 33, 40, 1, 25]
 
@@ -116,7 +117,7 @@ def test_loader_block_resumed_equals_straight_and_ranks(block_ds):
 
 
 def test_block_state_refused_by_a_global_shuffle_loader(block_ds):
-    from tbl_loader import StateMismatchError
+    from tbl_loader.errors import StateMismatchError
 
     path, _ = block_ds
     with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as a:
@@ -131,7 +132,8 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
     import mmap
     import os
 
-    from tbl_loader import advice, image_loader
+    from tbl_loader.image import loader as image_loader
+    from tbl_loader.source import advice
 
     if not hasattr(mmap.mmap, "madvise") or advice._DONTNEED is None or advice._FADV_DONTNEED is None:
         pytest.skip("no madvise / posix_fadvise on this platform")
@@ -178,7 +180,8 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
 
 def test_a_dataset_that_fits_in_memory_keeps_its_page_cache(block_ds, monkeypatch):
     """No release when the image column fits the memory available: the next epoch reads it from memory."""
-    from tbl_loader import advice, image_loader
+    from tbl_loader.image import loader as image_loader
+    from tbl_loader.source import advice
 
     path, _ = block_ds
     assert advice.fits_in_memory(1 << 20) and not advice.fits_in_memory(1 << 62)
@@ -207,7 +210,8 @@ def test_block_window_reaches_the_order(block_ds):
 def _read_ahead_run(path, monkeypatch, available, **opts):
     """The stream with the advisor on (memory_available() reporting ``available``), and every read ahead as
     (batch number when asked, file, offset, length)."""
-    from tbl_loader import advice, image_loader
+    from tbl_loader.image import loader as image_loader
+    from tbl_loader.source import advice
 
     reads, current = [], [None]
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbl_loader import chunk_writer
-from tbl_loader.chunk_writer import ALIGN, ChunkWriter
+from tbl_loader.conversion import chunk_writer
+from tbl_loader.conversion.chunk_writer import ALIGN, ChunkWriter
 
 
 def _rows(n: int, row_bytes: int, seed: int) -> list[bytes]:

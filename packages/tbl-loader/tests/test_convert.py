@@ -17,9 +17,10 @@ pytest.importorskip("skimage")
 from convert_images import jpeg_set, truncated_jpeg, variants, write_tar, write_tree
 
 import tbl_format
-from tbl_loader.cli import register_convert
-from tbl_loader.conversion import ImageDecodeError, SourceError, convert, merge_parts, part_range
-from tbl_loader.decode import reference_preprocess
+from tbl_loader.conversion.cli import register_convert
+from tbl_loader.conversion.decode import reference_preprocess
+from tbl_loader.conversion.images import convert, merge_parts, part_range
+from tbl_loader.errors import ImageDecodeError, SourceError
 
 S = 32
 
@@ -214,7 +215,7 @@ def test_rows_around_the_page_cache_make_the_file_the_page_cache_makes(tmp_path:
     files["c1/img_030_bad.jpg"] = truncated_jpeg()
     tar = write_tar(tmp_path / "src.tar", files)
     around = convert(tar, tmp_path / "around.tbl", 96, on_error="skip", workers=2, progress=False, report=False)
-    chunk_writer = importlib.import_module("tbl_loader.chunk_writer")
+    chunk_writer = importlib.import_module("tbl_loader.conversion.chunk_writer")
     cached_only = chunk_writer.ChunkWriter.__init__
 
     def page_cache_only(self, path, base, row_bytes, max_rows, direct=True):
@@ -231,9 +232,9 @@ def test_rows_around_the_page_cache_make_the_file_the_page_cache_makes(tmp_path:
 
 def test_interrupt_leaves_nothing(tmp_path: Path, imagenet_files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     # the package exports the function `convert`, which hides the submodule attribute of the same name
-    conv = importlib.import_module("tbl_loader.conversion")
+    conv = importlib.import_module("tbl_loader.conversion.images")
     calls = {"n": 0}
-    real = conv._Decoder.read
+    real = conv.Decoder.read
 
     def interrupted(self, locator):
         calls["n"] += 1
@@ -241,7 +242,7 @@ def test_interrupt_leaves_nothing(tmp_path: Path, imagenet_files: dict[str, byte
             raise KeyboardInterrupt
         return real(self, locator)
 
-    monkeypatch.setattr(conv._Decoder, "read", interrupted)  # every image is read first, on every path
+    monkeypatch.setattr(conv.Decoder, "read", interrupted)  # every image is read first, on every path
     root = write_tree(tmp_path / "src", imagenet_files)
     for kwargs in ({}, {"shard_rows": 3}):
         calls["n"] = 0
@@ -313,7 +314,7 @@ def test_cli(tmp_path: Path, corrupt_tree: Path, capsys: pytest.CaptureFixture[s
 
 def test_tar_member_bytes_are_exact(tmp_path: Path) -> None:
     """Offsets found by the scan address exactly each member's bytes (pax long names included)."""
-    from tbl_loader.sources import TarReader, open_source
+    from tbl_loader.conversion.sources import TarReader, open_source
 
     data = jpeg_set(3, seed=9)
     long_dir = "c" * 120

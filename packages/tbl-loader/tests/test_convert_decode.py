@@ -13,12 +13,9 @@ pytest.importorskip("skimage")
 from convert_images import encode, jpeg_set, photos, truncated_jpeg, variants, write_tree
 
 import tbl_format
-from tbl_loader.conversion import convert
-from tbl_loader.decode import (
-    PillowConfigError,
-    UnsupportedImageModeError,
-    reference_preprocess,
-)
+from tbl_loader.conversion.decode import reference_preprocess
+from tbl_loader.conversion.images import convert
+from tbl_loader.errors import PillowConfigError, UnsupportedImageModeError
 
 FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS}
 
@@ -208,8 +205,8 @@ def test_converter_refuses_load_truncated_images(tmp_path, monkeypatch: pytest.M
 @pytest.mark.parametrize("mode", ["center_crop", "squash"])
 def test_preprocess_into_gives_preprocess_image_bytes_with_and_without_the_kernel(
         files: dict[str, bytes], mode: str, resample: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tbl_loader import fast_resize
-    from tbl_loader.decode import preprocess_image, preprocess_into
+    from tbl_loader.conversion import fast_resize
+    from tbl_loader.conversion.decode import preprocess_image, preprocess_into
 
     for kernel in (True, False):
         if not kernel:
@@ -225,7 +222,7 @@ def test_preprocess_into_gives_preprocess_image_bytes_with_and_without_the_kerne
 def test_the_kernel_resize_runs_wherever_the_kernels_have_it() -> None:
     """No silent slow path: with tbl-kernels 0.2 and Pillow 11.2+ the self-check passes and the kernel runs."""
     import tbl_kernels
-    from tbl_loader import fast_resize
+    from tbl_loader.conversion import fast_resize
 
     expected = callable(getattr(tbl_kernels, "pillow_resize", None)) and hasattr(Image.Image, "__arrow_c_array__")
     assert all(fast_resize.kernel_resize_available(r) is expected for r in FILTERS)
@@ -233,7 +230,7 @@ def test_the_kernel_resize_runs_wherever_the_kernels_have_it() -> None:
 
 def test_a_kernel_that_differs_from_pillow_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     import tbl_kernels
-    from tbl_loader import fast_resize
+    from tbl_loader.conversion import fast_resize
 
     if not callable(getattr(tbl_kernels, "pillow_resize", None)):
         pytest.skip("these kernels have no pillow_resize")
@@ -256,7 +253,7 @@ def test_a_kernel_that_differs_from_pillow_is_not_used(monkeypatch: pytest.Monke
 
 
 def test_an_image_in_several_pillow_blocks_is_resized_by_pillow() -> None:
-    from tbl_loader import fast_resize
+    from tbl_loader.conversion import fast_resize
 
     width = 1024
     rows = Image.core.get_block_size() // (width * 4) + 1  # one row more than a block holds

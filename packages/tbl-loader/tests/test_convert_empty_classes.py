@@ -11,7 +11,8 @@ import pytest
 from convert_images import jpeg_set, run_cli, write_tree
 
 import tbl_format
-from tbl_loader import EmptyClassError, SourceError, convert
+from tbl_loader import convert
+from tbl_loader.errors import EmptyClassError, SourceError
 
 S = 16
 

@@ -32,12 +32,19 @@ from convert_images import (
 )
 
 import tbl_format
-from tbl_loader.conversion import DestinationError, ImageDecodeError, SourceError, WorkerCrashError, convert
-from tbl_loader.sources import DEFAULT_MAX_IMAGE_BYTES, ImageTooLargeError, read_file
+from tbl_loader.conversion.images import convert
+from tbl_loader.conversion.sources import DEFAULT_MAX_IMAGE_BYTES, read_file
+from tbl_loader.errors import (
+    DestinationError,
+    ImageDecodeError,
+    ImageTooLargeError,
+    SourceError,
+    WorkerCrashError,
+)
 
 S = 16
-conv = importlib.import_module("tbl_loader.conversion")  # the package's `convert` hides the submodule
-conv_sources = importlib.import_module("tbl_loader.sources")
+conv = importlib.import_module("tbl_loader.conversion.images")  # the package's `convert` hides the submodule
+conv_sources = importlib.import_module("tbl_loader.conversion.sources")
 
 
 @pytest.fixture(autouse=True)

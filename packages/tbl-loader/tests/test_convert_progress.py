@@ -13,7 +13,7 @@ pytest.importorskip("skimage")
 from convert_images import jpeg_set, write_tree
 
 import tbl_format
-from tbl_loader.conversion import convert
+from tbl_loader.conversion.images import convert
 
 
 def _convert(tmp_path: Path, name: str) -> np.ndarray:

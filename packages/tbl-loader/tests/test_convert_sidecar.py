@@ -16,8 +16,9 @@ import pytest
 from convert_images import jpeg_set, run_cli, write_tree
 from PIL import Image
 
-from tbl_loader import ImageLoader, PyTreeDataset, RandomResizedCrop, convert, keys_uniform, numpy_generator
-from tbl_loader.extra_columns import SidecarError
+from tbl_loader import ImageLoader, PyTreeDataset, RandomResizedCrop, convert
+from tbl_loader.errors import SidecarError
+from tbl_loader.stream import keys_uniform, numpy_generator
 
 pytest.importorskip("skimage")
 

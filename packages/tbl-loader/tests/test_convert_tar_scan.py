@@ -12,14 +12,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tbl_loader.sources import (
+from tbl_loader.conversion.sources import (
     _OCTAL_FIELD,
-    SourceError,
     _plain_numbers,
     _scan_plain_tar,
     _scan_tar,
     _scan_tar_with_tarfile,
 )
+from tbl_loader.errors import SourceError
 
 
 def add(tf: tarfile.TarFile, name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE, link: str = "") -> None:

@@ -15,8 +15,9 @@ from convert_images import encode, jpeg_set, photos, run_cli, truncated_jpeg, va
 from PIL import Image
 
 import tbl_format
-from tbl_loader.conversion import ImageDecodeError, convert
-from tbl_loader.variable_convert import capped_size, reference_variable
+from tbl_loader.conversion.images import convert
+from tbl_loader.conversion.variable import capped_size, reference_variable
+from tbl_loader.errors import ImageDecodeError
 
 N = 64  # the cap on the longer side
 
@@ -202,7 +203,7 @@ def test_jpeg_the_serve_decoder_refuses_is_a_bad_image(tmp_path: Path) -> None:
 def test_jpeg_store_without_the_decoder_names_the_pip_command(tmp_path: Path, monkeypatch) -> None:
     import sys
 
-    from tbl_loader import JpegDecoderUnavailableError
+    from tbl_loader.errors import JpegDecoderUnavailableError
 
     src = write_tree(tmp_path / "src", {"a/x.jpg": jpeg_set(1)[0]})
     monkeypatch.setitem(sys.modules, "simplejpeg", None)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import N_IMAGES, collect
 
-from tbl_loader import ImageLoader, RandomResizedCrop, order
+from tbl_loader import ImageLoader, RandomResizedCrop
+from tbl_loader.stream import order
 
 AUG = {"seed": 7, "hflip": 0.5, "random_resized_crop": RandomResizedCrop(8, scale=(0.3, 1.0))}
 

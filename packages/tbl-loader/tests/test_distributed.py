@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from conftest import make_images, write_dataset
 
-from tbl_loader import ImageLoader, order
-from tbl_loader.distributed import resolve_rank_world
+from tbl_loader import ImageLoader
+from tbl_loader.stream import order
+from tbl_loader.stream.distributed import resolve_rank_world
 
 WORKER = textwrap.dedent(
     """

@@ -7,7 +7,8 @@ import pytest
 from conftest import N_IMAGES, as_numpy, collect, make_images, reference_images, write_dataset
 
 import tbl_format
-from tbl_loader import Batch, ImageLoader, RandomResizedCrop, order
+from tbl_loader import Batch, ImageLoader, RandomResizedCrop
+from tbl_loader.stream import order
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "uint8"])

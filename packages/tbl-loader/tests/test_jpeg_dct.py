@@ -17,9 +17,11 @@ from test_variable_loader import (
     write_raw,
 )
 
-from tbl_loader import RandomResizedCrop, StateMismatchError, order
-from tbl_loader.image_spec import fit_windows
-from tbl_loader.jpeg_decode import DCT_METHODS, check_dct, dct_scale, scale_boxes
+from tbl_loader import RandomResizedCrop
+from tbl_loader.errors import StateMismatchError
+from tbl_loader.image.jpeg import DCT_METHODS, check_dct, dct_scale, scale_boxes
+from tbl_loader.image.spec import fit_windows
+from tbl_loader.stream import order
 
 pytestmark = pytest.mark.skipif(simplejpeg is None or not PER_SAMPLE, reason="needs simplejpeg and tbl-kernels 0.2")
 

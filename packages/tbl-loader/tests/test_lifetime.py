@@ -16,7 +16,8 @@ import pytest
 from conftest import as_numpy, reference_images
 
 import tbl_kernels
-from tbl_loader import ImageLoader, LoaderClosedError, RingGrowthWarning
+from tbl_loader import ImageLoader
+from tbl_loader.errors import LoaderClosedError, RingGrowthWarning
 
 
 def _wait_threads(base: int, timeout: float = 30.0) -> int:

@@ -7,7 +7,8 @@ import pytest
 from conftest import make_images, write_dataset
 
 import tbl_format
-from tbl_loader import ImageDataset, ImageLoader, Mix, MixError, PyTreeDataset, StateMismatchError
+from tbl_loader import ImageDataset, ImageLoader, Mix, PyTreeDataset
+from tbl_loader.errors import MixError, StateMismatchError
 from tbl_loader.mix import mix_counts, mix_schedule
 
 SIZES = (50, 37, 23)

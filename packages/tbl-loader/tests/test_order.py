@@ -1,4 +1,4 @@
-"""The counter-based generator, permutations, augmentation draws and sharding of tbl_loader.order."""
+"""The counter-based generator, permutations, augmentation draws and sharding of tbl_loader.stream.order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tbl_loader import order
+from tbl_loader.stream import order
 
 MASK = (1 << 64) - 1
 G = 0x9E3779B97F4A7C15

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tbl_loader.output import OutputSpec, allocate_host
+from tbl_loader.host.output import OutputSpec, allocate_host
 
 
 def test_numpy_spec():

@@ -8,7 +8,8 @@ import traceback
 
 import pytest
 
-from tbl_loader.producer import Producer, ProducerClosedError
+from tbl_loader.errors import ProducerClosedError
+from tbl_loader.host.producer import Producer
 
 
 def _count(n, log=None):

@@ -11,8 +11,8 @@ from conftest import assert_tree_equal
 
 import tbl_format
 from tbl_format import write, write_parallel
-from tbl_loader import order
 from tbl_loader.pytree import Padded, PyTreeDataset, PyTreeLoader, collate_identity
+from tbl_loader.stream import order
 
 N = 101  # prime: every batch size and world size leaves a remainder
 

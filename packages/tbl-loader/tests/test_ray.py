@@ -189,12 +189,12 @@ def test_convert_on_ray_equals_the_local_converter_row_for_row(cluster, tmp_path
 
 
 def test_convert_on_ray_fails_on_the_first_bad_image_in_source_order(cluster, tmp_path, photo_tgz):
-    with pytest.raises(tbl_loader.ImageDecodeError) as err:
+    with pytest.raises(tbl_loader.errors.ImageDecodeError) as err:
         ray_convert(photo_tgz, tmp_path / "ray", 24, images_per_task=4)
     assert err.value.name == "c1/img005.jpg"
     # Nothing published, no staging folder, no decompressed copy of the TAR: only the report of the failure.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.report.json"]
-    with pytest.raises(tbl_loader.SourceError, match="does not exist"):
+    with pytest.raises(tbl_loader.errors.SourceError, match="does not exist"):
         ray_convert(tmp_path / "missing.tar", tmp_path / "ray2", 24)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.report.json"]
 

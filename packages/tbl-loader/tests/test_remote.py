@@ -33,7 +33,7 @@ def local_ds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def remote_url(s3_server, local_ds):
-    from tbl_loader.upload import upload_dataset
+    from tbl_loader.source.upload import upload_dataset
 
     url = f"s3://{s3_server.new_bucket()}/datasets/ds/"
     upload_dataset(local_ds, url, storage_options=s3_server.storage_options)
@@ -89,7 +89,7 @@ def test_remote_resume_mid_epoch_equals_straight(s3_server, local_ds, remote_url
 
 
 def test_cache_reuses_shards_and_evicts_lru_within_limit(s3_server, local_ds, remote_url, tmp_path):
-    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.source.remote import RemoteDataset
 
     shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
     limit = 3 * shard_size
@@ -109,7 +109,7 @@ def test_cache_reuses_shards_and_evicts_lru_within_limit(s3_server, local_ds, re
 
 
 def test_evicted_while_mapped_stays_readable(s3_server, local_ds, remote_url, tmp_path):
-    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.source.remote import RemoteDataset
 
     local = tbl_format.open(local_ds)
     shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
@@ -127,8 +127,8 @@ def test_evicted_while_mapped_stays_readable(s3_server, local_ds, remote_url, tm
 
 def test_a_shard_not_mapped_is_never_read(s3_server, local_ds, remote_url, tmp_path):
     """Rows of a shard that is not mapped raise ShardNotMappedError naming it; they are never served as zeros."""
-    from tbl_loader import ShardNotMappedError
-    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.errors import ShardNotMappedError
+    from tbl_loader.source.remote import RemoteDataset
 
     local = tbl_format.open(local_ds)
     shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
@@ -164,7 +164,7 @@ def test_unreachable_endpoint_is_a_named_error(tmp_path):
     pytest.importorskip("obstore")
     from s3_server import ACCESS, free_port
 
-    from tbl_loader.storage import RemoteUnavailableError
+    from tbl_loader.errors import RemoteUnavailableError
 
     options = {**ACCESS, "endpoint": f"http://127.0.0.1:{free_port()}", "client_options": {"allow_http": True},
                "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}}
@@ -173,9 +173,9 @@ def test_unreachable_endpoint_is_a_named_error(tmp_path):
 
 
 def test_missing_manifest_and_missing_shard(s3_server, local_ds, tmp_path):
-    from tbl_loader.remote_dataset import RemoteDataset
-    from tbl_loader.storage import RemoteObjectMissingError
-    from tbl_loader.upload import upload_dataset
+    from tbl_loader.errors import RemoteObjectMissingError
+    from tbl_loader.source.remote import RemoteDataset
+    from tbl_loader.source.upload import upload_dataset
 
     bucket = s3_server.new_bucket()
     with pytest.raises(RemoteObjectMissingError, match=f"s3://{bucket}/nothing/manifest.json"):
@@ -192,9 +192,9 @@ def test_missing_manifest_and_missing_shard(s3_server, local_ds, tmp_path):
 
 
 def test_checksum_mismatch_downloads_again_once_then_names_the_url(s3_server, local_ds, tmp_path):
-    from tbl_loader.remote_dataset import RemoteDataset
-    from tbl_loader.storage import RemoteChecksumError
-    from tbl_loader.upload import upload_dataset
+    from tbl_loader.errors import RemoteChecksumError
+    from tbl_loader.source.remote import RemoteDataset
+    from tbl_loader.source.upload import upload_dataset
 
     bucket = s3_server.new_bucket()
     url = f"s3://{bucket}/ds/"
@@ -212,9 +212,9 @@ def test_checksum_mismatch_downloads_again_once_then_names_the_url(s3_server, lo
 
 
 def test_data_checksums_checked_when_asked(s3_server, local_ds, tmp_path):
-    from tbl_loader.remote_dataset import RemoteDataset
-    from tbl_loader.storage import RemoteChecksumError
-    from tbl_loader.upload import upload_dataset
+    from tbl_loader.errors import RemoteChecksumError
+    from tbl_loader.source.remote import RemoteDataset
+    from tbl_loader.source.upload import upload_dataset
 
     bucket = s3_server.new_bucket()
     url = f"s3://{bucket}/ds/"
@@ -236,7 +236,7 @@ def test_download_killed_midway_leaves_no_torn_file(s3_server, local_ds, remote_
     cache = tmp_path / "cache"
     script = textwrap.dedent(f"""
         import datetime, os, signal, sys
-        from tbl_loader import storage
+        from tbl_loader.source import storage
         real = storage.Store.download
         calls = []
         def killed_on_the_fourth(self, name, out):
@@ -247,14 +247,14 @@ def test_download_killed_midway_leaves_no_torn_file(s3_server, local_ds, remote_
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(self, name, out)
         storage.Store.download = killed_on_the_fourth
-        from tbl_loader.remote_dataset import RemoteDataset
+        from tbl_loader.source.remote import RemoteDataset
         ds = RemoteDataset({remote_url!r}, cache_dir={str(cache)!r}, storage_options={s3_server.storage_options!r})
         for k in range(len(ds.segment_rows)):
             ds.prepare_rows([sum(ds.segment_rows[:k])])
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
-    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.source.remote import RemoteDataset
 
     local = tbl_format.open(local_ds)
     with RemoteDataset(remote_url, cache_dir=cache, storage_options=s3_server.storage_options,
@@ -291,7 +291,7 @@ def _s3_env(server, cache_home):
 
 
 def test_tbl_inspect_and_verify_a_url(s3_server, local_ds, tmp_path):
-    from tbl_loader.upload import upload_dataset
+    from tbl_loader.source.upload import upload_dataset
 
     bucket = s3_server.new_bucket()
     url = f"s3://{bucket}/ds/"
@@ -390,8 +390,8 @@ def tiny_disk(tmp_path):
 
 
 def test_full_cache_disk_is_a_named_error_and_leaves_nothing(s3_server, local_ds, remote_url, tiny_disk):
-    from tbl_loader import CacheFullError
-    from tbl_loader.remote_dataset import RemoteDataset
+    from tbl_loader.errors import CacheFullError
+    from tbl_loader.source.remote import RemoteDataset
 
     local = tbl_format.open(local_ds)
     with RemoteDataset(remote_url, cache_dir=tiny_disk, storage_options=s3_server.storage_options,
@@ -414,7 +414,8 @@ def test_a_url_without_the_remote_extra_names_the_pip_command(tmp_path):
     script = textwrap.dedent("""
         import sys
         sys.modules["obstore"] = None  # as if the remote extra were not installed
-        from tbl_loader import ImageLoader, RemoteSupportMissingError
+        from tbl_loader import ImageLoader
+        from tbl_loader.errors import RemoteSupportMissingError
         try:
             ImageLoader("s3://bucket/ds/", batch_size=4, cache_dir=sys.argv[1])
         except RemoteSupportMissingError as exc:
@@ -494,7 +495,7 @@ def test_the_reader_waits_for_the_fetchers_own_download():
     """A shard the fetcher is downloading is waited for (not fetched a second time behind its lock)."""
     import threading
 
-    from tbl_loader.fetcher import Fetcher
+    from tbl_loader.source.fetcher import Fetcher
 
     release, started, calls = threading.Event(), threading.Event(), []
 

@@ -34,7 +34,7 @@ def test_two_ranks_two_dataloader_workers_share_one_cache(s3_server, local_ds, t
     pytest.importorskip("torch")
     import remote_ranks
 
-    from tbl_loader.upload import upload_dataset
+    from tbl_loader.source.upload import upload_dataset
 
     path, rows = local_ds
     url = f"s3://{s3_server.new_bucket()}/ds/"
@@ -75,7 +75,8 @@ def test_two_ranks_two_dataloader_workers_share_one_cache(s3_server, local_ds, t
 
 
 def test_pass_plan_hands_each_worker_its_batches_in_order():
-    from tbl_loader import EpochOrder, PassPlan
+    from tbl_loader.image import PassPlan
+    from tbl_loader.stream import EpochOrder
 
     order = EpochOrder(50, seed=4, epoch=2, shuffle="block", shard_rows=(12, 12, 12, 14))
     described = {k: v for k, v in order.__dict__.items() if k in EpochOrder.__dataclass_fields__ and k != "shard_rows"}
@@ -94,8 +95,9 @@ def test_a_worker_downloads_ahead_the_shards_of_its_own_batches(s3_server, local
     """ImageDataset on a URL, fed EpochBatchSampler's batches: the first batch of a pass hands the fetcher
     the shards of the batches this process will read (as DataLoader worker ``slot``), in order; the batches
     are the loader's."""
-    from tbl_loader import EpochBatchSampler, ImageDataset, torch_dataset
-    from tbl_loader.upload import upload_dataset
+    from tbl_loader import EpochBatchSampler, ImageDataset
+    from tbl_loader.image import torch_dataset
+    from tbl_loader.source.upload import upload_dataset
 
     path, _ = local_ds
     url = f"s3://{s3_server.new_bucket()}/ds/"

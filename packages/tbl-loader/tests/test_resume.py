@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from conftest import N_IMAGES, collect, make_images, write_dataset
 
-from tbl_loader import ImageLoader, RandomResizedCrop, StateMismatchError, order
+from tbl_loader import ImageLoader, RandomResizedCrop
+from tbl_loader.errors import StateMismatchError
+from tbl_loader.stream import order
 
 AUG = {"seed": 5, "hflip": 0.5, "random_resized_crop": RandomResizedCrop(6, scale=(0.25, 1.0))}
 

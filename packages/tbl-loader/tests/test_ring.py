@@ -8,8 +8,9 @@ import warnings
 import numpy as np
 import pytest
 
-from tbl_loader.output import OutputSpec, allocate_host
-from tbl_loader.ring import Ring, RingGrowthWarning
+from tbl_loader.errors import RingGrowthWarning
+from tbl_loader.host.output import OutputSpec, allocate_host
+from tbl_loader.host.ring import Ring
 
 NUMPY = OutputSpec.create("numpy")
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tbl_loader.shared_loop import shared_loop
+from tbl_loader.host.shared_loop import shared_loop
 
 
 class Boom(ValueError):

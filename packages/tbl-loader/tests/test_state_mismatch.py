@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import tbl_format
-from tbl_loader import Mix, PyTreeDataset, PyTreeLoader, StateMismatchError, TokenLoader, write_tokens
+from tbl_loader import Mix, PyTreeDataset, PyTreeLoader, TokenLoader, write_tokens
+from tbl_loader.errors import StateMismatchError
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tbl_loader import ImageLoader, PyTreeLoader, RandomResizedCrop, StateMismatchError
+from tbl_loader import ImageLoader, PyTreeLoader, RandomResizedCrop
+from tbl_loader.errors import StateMismatchError
 
 VECTORS = Path(__file__).parent / "vectors" / "v0.1.0"
 STATES = json.loads((VECTORS / "states.json").read_text())

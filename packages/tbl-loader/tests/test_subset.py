@@ -7,16 +7,10 @@ import pytest
 from conftest import N_IMAGES, reference_images
 
 import tbl_format
-from tbl_loader import (
-    ImageLoader,
-    PyTreeDataset,
-    PyTreeLoader,
-    RandomResizedCrop,
-    StateMismatchError,
-    SubsetError,
-    order,
-)
-from tbl_loader.subset import resolve_rows
+from tbl_loader import ImageLoader, PyTreeDataset, PyTreeLoader, RandomResizedCrop
+from tbl_loader.errors import StateMismatchError, SubsetError
+from tbl_loader.stream import order
+from tbl_loader.stream.subset import resolve_rows
 
 SUBSET = np.array([97, 3, 55, 10, 11, 12, 60, 61, 0, 100, 42, 41, 40, 39, 7, 8, 9, 70, 71, 72, 73, 5, 50], np.int64)
 

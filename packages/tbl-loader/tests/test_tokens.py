@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tbl_loader import StateMismatchError, TokenError, TokenLoader, write_tokens
-from tbl_loader.tokens import window_offset
+from tbl_loader import TokenLoader, write_tokens
+from tbl_loader.errors import StateMismatchError, TokenError
+from tbl_loader.tokens.loader import window_offset
 
 T = 16
 

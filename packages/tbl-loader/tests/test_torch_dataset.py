@@ -7,14 +7,8 @@ import pickle
 import numpy as np
 import pytest
 
-from tbl_loader import (
-    EpochBatch,
-    EpochBatchSampler,
-    ImageDataset,
-    ImageLoader,
-    RandomResizedCrop,
-    collate_identity,
-)
+from tbl_loader import EpochBatchSampler, ImageDataset, ImageLoader, RandomResizedCrop, collate_identity
+from tbl_loader.image import EpochBatch
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from conftest import reference_images
 
-from tbl_loader import Batch, ImageLoader, RandomResizedCrop, keys_uniform, numpy_generator, sample_keys
-from tbl_loader.image_spec import view_seed
+from tbl_loader import Batch, ImageLoader, RandomResizedCrop
+from tbl_loader.image.spec import view_seed
+from tbl_loader.stream import keys_uniform, numpy_generator, sample_keys
 
 CROPS = [RandomResizedCrop(8, scale=(0.4, 1.0)), RandomResizedCrop(4, scale=(0.05, 0.4)),
          RandomResizedCrop((4, 6), scale=(0.05, 0.4))]

@@ -16,9 +16,10 @@ from conftest import as_numpy, collect
 import tbl_format
 import tbl_kernels
 from tbl_kernels import reference as kref
-from tbl_loader import ImageLoader, RandomResizedCrop, StateMismatchError, order
-from tbl_loader.image_spec import fit_windows, resized_center_crop_boxes, resized_center_crop_windows
-from tbl_loader.variable_source import ImageGeometryError
+from tbl_loader import ImageLoader, RandomResizedCrop
+from tbl_loader.errors import ImageGeometryError, StateMismatchError
+from tbl_loader.image.spec import fit_windows, resized_center_crop_boxes, resized_center_crop_windows
+from tbl_loader.stream import order
 
 N = 45
 SEED = 11
@@ -168,7 +169,7 @@ def test_fit_windows_keeps_windows_inside_after_scaling():
 def test_evaluation_rule_is_in_the_fingerprint_and_random_crop_states_still_resume(raw_path, monkeypatch):
     """A state saved by the previous rule (settings without the evaluation rule) no longer resumes the
     evaluation transform, and still resumes random-crop streams, whose settings did not change."""
-    from tbl_loader import variable_source
+    from tbl_loader.image import variable_source
 
     def saved_by_previous_rule(**kw):
         with monkeypatch.context() as m:
@@ -194,7 +195,7 @@ def test_resized_center_crop_boxes_rule():
     assert resized_center_crop_boxes([33], [40], 20, 7, 20).tolist() == [[10, 4, 12, 33]]  # 10.5 -> 10, 3.5 -> 4
     with pytest.raises(ValueError, match="resize goes with center_crop"):
         ImageLoader.__init__  # noqa: B018 (the spec check runs before any file is opened)
-        from tbl_loader import ImageSpec
+        from tbl_loader.image import ImageSpec
 
         ImageSpec(resize=10)
 
@@ -285,7 +286,7 @@ def test_variable_images_need_a_fixed_output_size(raw_path):
 
 def test_kernels_without_crop_resize_images_name_the_pip_command(tmp_path, var_images, monkeypatch):
     import tbl_loader._kernels as k
-    from tbl_loader import KernelsFeatureError
+    from tbl_loader.errors import KernelsFeatureError
 
     path = write_raw(tmp_path / "v.tbl", var_images[:4])
     if PER_SAMPLE:  # on the oldest kernels the pin admits this is the real thing, not a stand-in
@@ -299,7 +300,7 @@ def test_kernels_without_crop_resize_images_name_the_pip_command(tmp_path, var_i
 
 
 def test_resident_loader_refuses_variable_images_by_name(tmp_path, var_images):
-    from tbl_loader import ImageSpec
+    from tbl_loader.image import ImageSpec
 
     path = write_raw(tmp_path / "v.tbl", var_images[:4])
     with tbl_format.open(path) as ds, pytest.raises(ValueError, match="variable size"):
@@ -340,7 +341,7 @@ def jpeg_data(tmp_path_factory, var_images):
 
 def decoder(blobs):
     """The documented serve-time decode: DCT scale from the box, boxes mapped onto the decoded image."""
-    from tbl_loader.jpeg_decode import dct_scale, scale_boxes
+    from tbl_loader.image.jpeg import dct_scale, scale_boxes
 
     def decode(ids, boxes, out_hw):
         scales = dct_scale(boxes[:, 2], boxes[:, 3], *out_hw)
@@ -371,7 +372,7 @@ def test_jpeg_storage_is_exact(jpeg_data, var_images):
 
 def test_jpeg_evaluation_transform_is_exact(jpeg_data, var_images):
     """The evaluation windows on JPEG storage, DCT downscaling included, as the reference computes them."""
-    from tbl_loader.jpeg_decode import dct_scale
+    from tbl_loader.image.jpeg import dct_scale
 
     path, blobs = jpeg_data
     with loader(path, 9, random_resized_crop=None, center_crop=10, resize=12, shuffle=False, hflip=0.5) as ld:
@@ -384,7 +385,7 @@ def test_jpeg_evaluation_transform_is_exact(jpeg_data, var_images):
 
 
 def test_dct_downscaling_is_used_when_the_box_allows(jpeg_data, var_images):
-    from tbl_loader.jpeg_decode import dct_scale, scale_boxes
+    from tbl_loader.image.jpeg import dct_scale, scale_boxes
 
     small = RandomResizedCrop(4, scale=(0.5, 1.0))
     path, blobs = jpeg_data
@@ -438,7 +439,7 @@ def test_decoder_version_is_part_of_the_stream_fingerprint(jpeg_data, monkeypatc
 def test_a_jpeg_that_does_not_decode_names_its_row(tmp_path, var_images):
     if not PER_SAMPLE:
         pytest.skip("needs tbl-kernels 0.2")
-    from tbl_loader.jpeg_decode import JpegDecodeError
+    from tbl_loader.errors import JpegDecodeError
 
     blobs = [encode_jpeg(im) for im in var_images[:6]]
     blobs[4] = blobs[4][: len(blobs[4]) // 2]  # truncated: never served as a grey or black image
@@ -451,7 +452,7 @@ def test_a_jpeg_that_does_not_decode_names_its_row(tmp_path, var_images):
 def test_missing_decoder_names_the_pip_command(jpeg_data, monkeypatch):
     import sys
 
-    from tbl_loader.jpeg_decode import JpegDecoderUnavailableError
+    from tbl_loader.errors import JpegDecoderUnavailableError
 
     monkeypatch.setitem(sys.modules, "simplejpeg", None)
     with pytest.raises(JpegDecoderUnavailableError, match=r"tbl-loader\[jpeg\]"):
@@ -524,7 +525,7 @@ def test_subset_transform_and_keys_on_variable_images(raw_path, var_images):
 
 
 def order_keys(ids, epoch):
-    from tbl_loader import sample_keys
+    from tbl_loader.stream import sample_keys
 
     return sample_keys(SEED, epoch, np.asarray(ids, np.int64))
 

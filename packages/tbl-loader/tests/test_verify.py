@@ -7,7 +7,8 @@ import pytest
 from conftest import write_dataset
 
 import tbl_format
-from tbl_loader import VERIFY_MODES, ImageLoader, PyTreeLoader
+from tbl_loader import ImageLoader, PyTreeLoader
+from tbl_loader.source import VERIFY_MODES
 
 ROWS = 300
 SHAPE = (64, 64, 3)  # 12 KiB per image: the image column spans several 1 MiB checksum blocks

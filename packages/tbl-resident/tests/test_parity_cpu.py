@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import N_IMAGES, bits, collect, make_images, write_dataset
 
-from tbl_loader import ImageLoader, RandomResizedCrop, order
+from tbl_loader import ImageLoader, RandomResizedCrop
+from tbl_loader.stream import order
 from tbl_resident import ResidentImageLoader
 
 

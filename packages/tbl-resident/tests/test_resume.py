@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import N_IMAGES, collect
 
-from tbl_loader import ImageLoader, RandomResizedCrop, StateMismatchError
+from tbl_loader import ImageLoader, RandomResizedCrop
+from tbl_loader.errors import StateMismatchError
 from tbl_resident import ResidentImageLoader
 
 CROP = RandomResizedCrop((8, 6), scale=(0.2, 1.0))
@@ -98,7 +99,7 @@ def test_mismatched_state_is_refused(dataset_path):
 def test_next_epoch_order_computed_ahead_matches_and_thread_ends(dataset_path):
     import threading
 
-    from tbl_loader import order
+    from tbl_loader.stream import order
     from tbl_resident.order_ahead import OrderAhead, pass_order
 
     ahead = OrderAhead(seed=3, hflip=0.5)

@@ -8,7 +8,8 @@ import torch
 from conftest import N_IMAGES, collect
 
 import tbl_resident
-from tbl_loader import LoaderClosedError, RandomResizedCrop
+from tbl_loader import RandomResizedCrop
+from tbl_loader.errors import LoaderClosedError
 from tbl_resident import DeviceMemoryError, ResidentImageLoader, UploadStats
 from tbl_resident.upload import upload_rows
 

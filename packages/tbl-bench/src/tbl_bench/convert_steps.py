@@ -9,13 +9,13 @@ squash conversion to the one before:
 
 - ``decode-limit``: the convert suite's ceiling (`suites.convert.decode_resize`:
   Pillow's draft decode and Pillow's resize);
-- ``prepare in place``: `tbl_loader.decode.preprocess_into`, what a worker
+- ``prepare in place``: `tbl_loader.conversion.decode.preprocess_into`, what a worker
   stores, made in a row of its own (the same decode, EXIF orientation and
   RGB rule, and Pillow's resize through tbl-kernels where it gives Pillow's
-  bytes, `tbl_loader.fast_resize`);
+  bytes, `tbl_loader.conversion.fast_resize`);
 - ``+ checksums``: `tbl_format.row_crcs` of the row;
 - ``+ direct write``: the rows made at their slots in the buffer of
-  `tbl_loader.chunk_writer.ChunkWriter` and written to a scratch file (around
+  `tbl_loader.conversion.chunk_writer.ChunkWriter` and written to a scratch file (around
   the page cache where the file system allows it, as in `tbl convert`);
 - ``+ cached write``: the same through the page cache.
 
@@ -52,8 +52,8 @@ def measure_steps(tar: str, size: int, images: int | None = None, scratch: str |
     import tbl_format
     from tbl_bench.peers.pil import index_tar
     from tbl_bench.suites.convert import decode_resize
-    from tbl_loader.chunk_writer import ChunkWriter
-    from tbl_loader.decode import preprocess_into
+    from tbl_loader.conversion.chunk_writer import ChunkWriter
+    from tbl_loader.conversion.decode import preprocess_into
 
     spans = index_tar(tar)[0][:images]
     if not spans:

@@ -5,7 +5,7 @@
 DATASET is a variable-size dataset (``tbl convert --max-size N``, raw or JPEG
 storage). TBL's side: ``ImageLoader(..., resize=R, center_crop=C,
 dtype="uint8")``: one ``resize_crop_images`` call on the windows
-`tbl_loader.image_spec.resized_center_crop_windows` gives.
+`tbl_loader.image.spec.resized_center_crop_windows` gives.
 
 The reference is what torchvision does to a PIL image, on the same decoded
 pixels (raw rows as stored; JPEG rows decoded as the loader decodes them at

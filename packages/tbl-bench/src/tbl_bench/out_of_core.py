@@ -82,7 +82,7 @@ path, epochs, cgroup = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
     f.write(str(os.getpid()))
 import tbl_format
-from tbl_loader.order import block_shards
+from tbl_loader.stream.order import block_shards
 ds = tbl_format.open(path)
 files, rows = [e["file"] for e in ds.shard_entries], ds.segment_rows
 ds.close()

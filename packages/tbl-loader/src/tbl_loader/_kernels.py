@@ -19,10 +19,11 @@ import re
 from dataclasses import dataclass
 from types import ModuleType
 
+from .errors import KernelsFeatureError
+
 __all__ = [
     "KERNELS_ABIS",
     "KERNELS_PIN",
-    "KernelsFeatureError",
     "KernelsPin",
     "check_kernels",
     "kernels",
@@ -129,10 +130,6 @@ def check_kernels(module: ModuleType, pin: KernelsPin = KERNELS_PIN) -> ModuleTy
             f"fix it with: {pin.fix}"
         )
     return module
-
-
-class KernelsFeatureError(ImportError):
-    """The installed tbl-kernels is one the pin admits, but too old for the feature asked for."""
 
 
 def per_sample_kernels(module: ModuleType | None = None) -> ModuleType:

@@ -41,9 +41,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .decode import MODES, RESAMPLE
-from .storage import is_url
-from .variable_convert import DEFAULT_QUALITY, STORES
+from .conversion.decode import MODES, RESAMPLE
+from .conversion.variable import DEFAULT_QUALITY, STORES
+from .source.storage import is_url
 
 __all__ = ["register_convert", "run_convert"]
 
@@ -159,14 +159,8 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .conversion import (
-        DestinationError,
-        ImageDecodeError,
-        SourceError,
-        WorkerCrashError,
-        convert,
-        merge_parts,
-    )
+    from .conversion.images import convert, merge_parts
+    from .errors import DestinationError, ImageDecodeError, SourceError, WorkerCrashError
 
     if args.merge:
         if len(args.paths) < 2:
@@ -211,7 +205,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.quality is not None:
             options["quality"] = args.quality
     if is_url(dst):  # convert locally, upload the shards, publish the manifest last
-        from .remote_convert import convert_to_url
+        from .conversion.remote import convert_to_url
 
         convert = functools.partial(convert_to_url, convert)  # the store's settings: its environment variables
     try:
@@ -277,7 +271,7 @@ def _run_on_ray(args: argparse.Namespace, src: str, dst: str, options: dict[str,
     except ImportError as e:
         _error(f"{e}; nothing was written")
         return EXIT_REFUSED
-    from .conversion import DestinationError, ImageDecodeError, SourceError
+    from .errors import DestinationError, ImageDecodeError, SourceError
 
     try:
         rep = tbl_ray.convert(

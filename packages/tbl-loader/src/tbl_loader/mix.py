@@ -18,7 +18,7 @@ exact, so they can be re-implemented):
   with ``w`` the weights normalized to sum 1: the realized proportions are
   exact to one sample;
 - interleave: the sequence ``[0] * c_0 + [1] * c_1 + ...`` permuted by
-  ``epoch_permutation(n, mix_seed, e)`` (:mod:`tbl_loader.order`;
+  ``epoch_permutation(n, mix_seed, e)`` (:mod:`tbl_loader.stream.order`;
   ``mix_seed = hash_u64(seed, 0, TAG_MIX, 0)``): position ``p`` of the epoch
   takes a sample from source ``src[p]``;
 - samples: the ``k``-th draw of source ``i`` in epoch ``e`` is its draw number
@@ -31,7 +31,7 @@ exact, so they can be re-implemented):
   :class:`~tbl_loader.ImageDataset` source draws its augmentation with epoch
   ``g // N_i``.
 
-Position, resume and sharding are a :class:`~tbl_loader.StreamCursor` over the
+Position, resume and sharding are a :class:`~tbl_loader.stream.StreamCursor` over the
 ``n`` schedule positions (``shuffle=False``: the schedule is already random),
 the same code as every loader: ``state_dict()`` is ``(seed, epoch, consumed)``
 plus fingerprints of the sources and of the mix settings; resuming yields
@@ -57,25 +57,22 @@ from typing import Any
 
 import numpy as np
 
-from . import order
-from .batch import Batch
-from .cursor import Resumable, StreamCursor, StreamOptions
-from .image_loader import ImageLoader
-from .order import BatchPlan
-from .producer import Producer
-from .pytree_batch import Padded
-from .pytree_dataset import PyTreeDataset
-from .pytree_loader import PyTreeLoader
-from .torch_dataset import EpochBatch, ImageDataset
+from .errors import MixError
+from .host.batch import Batch
+from .host.producer import Producer
+from .image.loader import ImageLoader
+from .image.torch_dataset import EpochBatch, ImageDataset
+from .pytree.batch import Padded
+from .pytree.dataset import PyTreeDataset
+from .pytree.loader import PyTreeLoader
+from .stream import order
+from .stream.cursor import Resumable, StreamCursor, StreamOptions
+from .stream.order import BatchPlan
 
-__all__ = ["TAG_MIX", "Mix", "MixError", "mix_counts", "mix_schedule"]
+__all__ = ["TAG_MIX", "Mix", "mix_counts", "mix_schedule"]
 
 TAG_MIX = 67
-"""Stream tag of the mix seeds (tags below 64 are :mod:`tbl_loader.order`'s)."""
-
-
-class MixError(ValueError):
-    """Invalid sources, weights or epoch size for a Mix, or batches that cannot be joined."""
+"""Stream tag of the mix seeds (tags below 64 are :mod:`tbl_loader.stream.order`'s)."""
 
 
 def _seed(seed: int, k: int) -> int:

@@ -4,13 +4,13 @@ At construction the image column (and the labels) are uploaded once into device
 tensors (see :mod:`tbl_resident.upload`), after a check that they fit; the map
 is then closed if the loader opened it. From there on the CPU never touches a
 pixel: per pass it computes the rank's sample ids and flip draws with
-:mod:`tbl_loader.order` (a few bytes per sample) and uploads them; per batch the
+:mod:`tbl_loader.stream.order` (a few bytes per sample) and uploads them; per batch the
 device gathers the images (``index_select``), mirrors the flipped ones, crops
 and resizes (exact fixed-point rule, :mod:`tbl_resident.resample`) and looks
 the bytes up in the normalization table (:mod:`tbl_resident.normalize`).
 
-Order, sharding, resume and epochs are a :class:`tbl_loader.StreamCursor`, and
-what is served is a :class:`tbl_loader.ImageSpec`, the same two objects
+Order, sharding, resume and epochs are a :class:`tbl_loader.stream.StreamCursor`, and
+what is served is a :class:`tbl_loader.image.ImageSpec`, the same two objects
 :class:`tbl_loader.ImageLoader` is made of, so a ``state_dict`` saved by one
 loader resumes the other on the same dataset.
 """
@@ -26,16 +26,12 @@ import numpy as np
 import torch
 
 import tbl_format
-from tbl_loader import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Batch,
+from tbl_loader import IMAGENET_MEAN, IMAGENET_STD, Batch, RandomResizedCrop
+from tbl_loader.errors import LoaderClosedError
+from tbl_loader.image import ImageColumns, ImageSpec
+from tbl_loader.stream import (
     BatchPlan,
     EpochOrder,
-    ImageColumns,
-    ImageSpec,
-    LoaderClosedError,
-    RandomResizedCrop,
     Resumable,
     StreamCursor,
     StreamOptions,

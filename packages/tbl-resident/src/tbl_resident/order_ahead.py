@@ -2,7 +2,7 @@
 
 A pass needs its rank's sample ids (a hash and a stable argsort of the whole
 epoch: about 0.1 s per million samples) and the flip draws, computed on the CPU
-by :mod:`tbl_loader.order`. When the device serves a million images a second,
+by :mod:`tbl_loader.stream.order`. When the device serves a million images a second,
 an epoch lasts about as long as that, so the loader computes epoch ``e + 1``'s
 order while epoch ``e`` is being served. Numpy releases the GIL in the hash and
 the sort, so the work overlaps with the serving loop. The values are the same
@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from tbl_loader import EpochOrder, order
+from tbl_loader.stream import EpochOrder, order
 
 __all__ = ["OrderAhead", "pass_order"]
 

@@ -9,7 +9,7 @@ converter that decodes and resizes with Pillow can be faster than this on
 this machine in this run. `tbl convert` resizes with tbl-kernels'
 ``pillow_resize`` (Pillow's bytes, computed faster), so it can pass this
 limit: its own ceiling, ``decode-limit-tbl-resize``, is the same work with
-that resize (`tbl_loader.decode.preprocess_into` into a row), still writing
+that resize (`tbl_loader.conversion.decode.preprocess_into` into a row), still writing
 nothing. TBL's figure is read as a fraction of both.
 
 Subjects: `tbl_loader.convert` (squash); with --peers, TurboLoader's
@@ -95,13 +95,13 @@ def decode_resize(data: bytes, size: int):
 
 def _decode_resize_chunk(args: tuple[list[tuple[int, int]], int, str]) -> int:
     """The decoding and resizing of a conversion for each image of a task (``resize``: "pillow", Pillow's
-    `decode_resize`; "tbl", `tbl_loader.decode.preprocess_into` into a row); keep nothing."""
+    `decode_resize`; "tbl", `tbl_loader.conversion.decode.preprocess_into` into a row); keep nothing."""
     spans, size, resize = args
     assert _TAR_FD is not None, "worker not initialised"
     if resize == "tbl":
         import numpy as np
 
-        from tbl_loader.decode import preprocess_into
+        from tbl_loader.conversion.decode import preprocess_into
 
         row = np.empty((size, size, 3), np.uint8)
         for off, n in spans:

@@ -128,7 +128,8 @@ class _Epochs:
 
 def tbl_loader_epochs(path: str, tokens: int, level: str = "consume"):
     """Workload factory: TokenLoader over the TBL token dataset, windows checked in the warm-up epoch."""
-    from tbl_loader import TokenLoader, window_offset
+    from tbl_loader import TokenLoader
+    from tbl_loader.tokens import window_offset
 
     # consume: the producer thread writes int64 while copying (the loader's dtype option); produce: stored uint16.
     loader = TokenLoader(path, BATCH, SEQ, seed=0, prefetch=2, dtype="int64" if level == "consume" else None)

@@ -14,12 +14,9 @@ Without Ray installed, importing this package raises `RayUnavailableError`
 
 from __future__ import annotations
 
+from ..errors import DecoderMismatchError, OrderError, RayUnavailableError
+
 PIP_COMMAND = "pip install 'tbl-loader[ray]'"
-
-
-class RayUnavailableError(ImportError):
-    """Ray Data is not installed; the message names the pip command."""
-
 
 try:
     import ray
@@ -29,8 +26,8 @@ except ImportError as _e:  # the core install has no Ray: say how to get it
         f"tbl_loader.ray needs Ray Data, which is not installed ({_e}); install it with: {PIP_COMMAND}"
     ) from _e
 
-from .convert import DecoderMismatchError, convert  # noqa: E402
-from .sink import OrderError, TblDatasink  # noqa: E402
+from .convert import convert  # noqa: E402
+from .sink import TblDatasink  # noqa: E402
 from .source import TblDatasource, read_tbl  # noqa: E402
 
 __all__ = [

@@ -3,7 +3,7 @@
 The output has the rows of `tbl_loader.convert` for the same options, in
 the same order, with the same schema and metadata; only the shard layout
 differs (shards do not span Ray write tasks). Order: the source's
-(`tbl_loader.sources`: TAR and folder sources sorted by relative path, a
+(`tbl_loader.conversion.sources`: TAR and folder sources sorted by relative path, a
 list as given), as in the local converter.
 
 How it runs:
@@ -18,7 +18,7 @@ How it runs:
 2. One Ray dataset row per image (index, name, where to read it, label),
    split into blocks of ``images_per_task`` images; each block is one Ray
    task that reads its files (by path, TAR members by offset), decodes and
-   resizes with the local converter's decoder (`conversion._Decoder`), and
+   resizes with the local converter's decoder (`conversion.Decoder`), and
    writes its rows as shards through `TblDatasink`, in the same task (Ray
    Data fuses the stages; pixels never pass through the driver).
 3. The driver publishes the manifest once every task succeeded. Parts are
@@ -57,12 +57,13 @@ from ray.data.block import Block, BlockAccessor
 from ray.exceptions import RayTaskError
 
 from .. import conversion
-from ..conversion import ConvertReport, DestinationError, ImageDecodeError, ImageError
-from ..decode import check_params, check_strict
-from ..sources import DEFAULT_MAX_IMAGE_BYTES, Listing, check_empty_classes, open_source
-from .sink import OrderError, TblDatasink
+from ..conversion import ConvertReport, ImageError
+from ..conversion.decode import check_params, check_strict
+from ..conversion.sources import DEFAULT_MAX_IMAGE_BYTES, Listing, check_empty_classes, open_source
+from ..errors import DecoderMismatchError, DestinationError, ImageDecodeError, OrderError
+from .sink import TblDatasink
 
-__all__ = ["DecoderMismatchError", "convert"]
+__all__ = ["convert"]
 
 # Images per Ray task: a task must be long enough (~1 s of decoding) for Ray's per-task
 # overhead (~10-50 ms) not to matter, and the tasks many enough to keep every CPU busy.
@@ -70,10 +71,6 @@ MIN_IMAGES_PER_TASK = 16
 MAX_IMAGES_PER_TASK = 512
 TASKS_PER_CPU = 4
 _VERSION_KEYS = ("converter", "pillow", "libjpeg", "libjpeg_turbo")
-
-
-class DecoderMismatchError(RuntimeError):
-    """A Ray worker decodes with another Pillow, libjpeg or tbl-loader than the driver records in the metadata."""
 
 
 def convert(
@@ -120,9 +117,9 @@ def convert(
     report_path = None if report is False else Path(f"{dst_path}.report.json") if report in (None, True) \
         else Path(report)  # type: ignore[arg-type]
     inputs = [Path(p) for p in (src, label_file) if isinstance(p, (str, os.PathLike))]
-    conversion._check_destination(dst_path, sharded=True, force=False, inputs=inputs)
+    conversion.check_destination(dst_path, sharded=True, force=False, inputs=inputs)
     if report_path is not None:
-        conversion._check_report_path(report_path, [*inputs, dst_path])
+        conversion.check_report_path(report_path, [*inputs, dst_path])
     try:
         dst_path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -141,23 +138,23 @@ def convert(
             skipped=[ImageError(name, why) for name, why in listing.skipped], max_image_bytes=max_image_bytes,
             empty_classes=list(listing.empty_classes),
         )
-        metadata = conversion._metadata(listing, conversion._FixedRecipe(*params))
+        metadata = conversion.dataset_metadata(listing, conversion.FixedRecipe(*params))
         per_task = images_per_task or min(MAX_IMAGES_PER_TASK,
                                           max(MIN_IMAGES_PER_TASK, math.ceil(n / (TASKS_PER_CPU * cpus))))
         sink = _ImageSink(dst_path, shard_rows=shard_rows or (math.ceil(n / shards) if shards else None),
-                          schema=conversion._schema(size), metadata=metadata, on_error=on_error, total=n)
+                          schema=conversion.fixed_schema(size), metadata=metadata, on_error=on_error, total=n)
         try:
             _run(listing, sink, per_task, max_image_bytes, params, metadata, progress)
             rep.written, rep.failed = sink.result["rows"], len(sink.errors)  # type: ignore[index]
             rep.errors = [ImageError(name, message) for _, name, message in sink.errors]
         except BaseException as e:
             rep.error = f"{type(e).__name__}: {e}"
-            conversion._finish(rep, t0, t_scan, report_path)
+            conversion.finish_report(rep, t0, t_scan, report_path)
             if rep.report_error is not None:
                 e.add_note(rep.report_error)
             raise
         rep.status = "ok"
-        conversion._finish(rep, t0, t_scan, report_path)
+        conversion.finish_report(rep, t0, t_scan, report_path)
     return rep
 
 
@@ -257,8 +254,8 @@ def _run(listing: Any, sink: _ImageSink, per_task: int, max_bytes: int, params: 
 def _decode_batch(batch: dict[str, np.ndarray], *, tar_path: str | None, max_bytes: int,
                   params: tuple[int, str, str, bool], versions: dict[str, Any]) -> dict[str, np.ndarray]:
     """One Ray task's images decoded and resized (on a worker); a bad image gets a message instead of pixels."""
-    recipe = conversion._FixedRecipe(*params)
-    here = {k: conversion._metadata(_NO_CLASSES, recipe)["preprocess"][k] for k in _VERSION_KEYS}
+    recipe = conversion.FixedRecipe(*params)
+    here = {k: conversion.dataset_metadata(_NO_CLASSES, recipe)["preprocess"][k] for k in _VERSION_KEYS}
     if here != versions:
         raise DecoderMismatchError(f"this Ray worker decodes with {here}, the driver records {versions}: "
                                    "install the same Pillow and tbl-loader on every node")
@@ -267,7 +264,7 @@ def _decode_batch(batch: dict[str, np.ndarray], *, tar_path: str | None, max_byt
     count = len(batch["index"])
     images = np.zeros((count, size, size, 3), np.uint8)
     errors = np.empty(count, dtype=object)
-    decoder = conversion._Decoder(tar_path, max_bytes, recipe)
+    decoder = conversion.Decoder(tar_path, max_bytes, recipe)
     try:
         for i in range(count):
             path = str(batch["path"][i])

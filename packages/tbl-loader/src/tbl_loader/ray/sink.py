@@ -55,17 +55,13 @@ from ray.data.block import Block, BlockAccessor
 
 import tbl_format
 
+from ..errors import OrderError
 from .staging import LocalStaging
 
-__all__ = ["OrderError", "TblDatasink"]
+__all__ = ["TblDatasink"]
 
 # Without shard_rows each write task's rows make one shard: a row limit no task reaches.
 ONE_SHARD_ROWS = 1 << 62
-
-
-class OrderError(RuntimeError):
-    """The write results cannot be put in one order (the same write task twice, or rows out of order);
-    nothing is published."""
 
 
 class TblDatasink(Datasink):

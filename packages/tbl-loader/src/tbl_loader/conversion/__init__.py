@@ -1,0 +1,44 @@
+"""Conversion: images (TAR, folder, list) into a .tbl dataset. Never imported by the serving sub-packages.
+
+``convert`` is the user's entry (also ``tbl_loader.convert``); the other names
+are the conversion's internal API, named so that the Ray engine
+(:mod:`tbl_loader.ray`) and tbl-bench build on them instead of private names:
+the destination and report checks, the recipe, the decoder, the schema and
+metadata a conversion writes, and the modules that define a converted row
+(``decode``: the rule; ``chunk_writer``: writing rows in place).
+"""
+
+from __future__ import annotations
+
+from . import chunk_writer, decode
+from .images import (
+    ON_ERROR,
+    ConvertReport,
+    Decoder,
+    FixedRecipe,
+    ImageError,
+    check_destination,
+    check_report_path,
+    convert,
+    dataset_metadata,
+    finish_report,
+    fixed_schema,
+    merge_parts,
+)
+
+__all__ = [
+    "ConvertReport",
+    "Decoder",
+    "FixedRecipe",
+    "ImageError",
+    "ON_ERROR",
+    "check_destination",
+    "check_report_path",
+    "chunk_writer",
+    "convert",
+    "dataset_metadata",
+    "decode",
+    "finish_report",
+    "fixed_schema",
+    "merge_parts",
+]

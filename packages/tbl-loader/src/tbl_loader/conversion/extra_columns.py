@@ -1,0 +1,205 @@
+"""Columns `tbl convert` can store beside ``image`` and ``label``: the source path, the original size, sidecar fields.
+
+``keep_path=True`` adds ``"path"`` (str: the image's name in the listing, its
+path relative to the source root, ``/``-separated, or the path given in a
+list) and ``"orig_size"`` (int64 ``(2,)``: height and width of the source
+image as decoded, after its EXIF orientation; read from the image header in
+the converting process).
+
+``sidecar=FILE`` adds per-image fields from a JSON or CSV file keyed by that
+same name:
+
+- JSON: an object ``{name: {field: value, ...}, ...}``, or a list of objects
+  each with a ``"path"`` key;
+- CSV (``.csv``, or ``.tsv`` for tabs): a header row with a ``path`` (or
+  ``filename``) column and one column per field; cells that read as ints
+  become ints, as numbers floats, others stay strings.
+
+Each field becomes one leaf, its kind inferred from all its values: bools ->
+``bool``, ints -> ``int``, ints and floats -> ``float``, strings -> ``str``,
+lists (nested for 2-D, e.g. boxes ``[[x, y, w, h], ...]``) -> arrays,
+``int64`` if every element is an int, else ``float32``: a fixed-shape array
+when every image's value has one shape (a multi-label vector), else a
+variable-shape one (an empty list is an empty array of the others' trailing
+shape). Every converted image needs an entry with every field
+(:class:`SidecarError` names the first that has none); entries naming no image
+of the source are ignored. A field may not be called ``image``, ``label``,
+``path`` or ``orig_size``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+
+from ..errors import SidecarError
+
+__all__ = ["ExtraColumns", "load_sidecar"]
+
+RESERVED = ("image", "label", "path", "orig_size")
+# EXIF orientations that turn the image by 90 degrees (ImageOps.exif_transpose swaps height and width).
+_TURNED = (5, 6, 7, 8)
+
+
+def _cell(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_sidecar(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {field: value}}`` from a JSON or CSV / TSV sidecar (see the module docstring)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SidecarError(f"{p}: cannot read the sidecar: {e}") from None
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SidecarError(f"{p}: not valid JSON: {e}") from None
+        if isinstance(data, list):
+            entries = {}
+            for k, item in enumerate(data):
+                if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+                    raise SidecarError(f"{p}: item {k} is not an object with a string 'path'")
+                entries[item["path"]] = {f: v for f, v in item.items() if f != "path"}
+            data = entries
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise SidecarError(f"{p}: a JSON sidecar is an object of objects, or a list of objects with 'path'")
+        return {str(k): v for k, v in data.items()}
+    if p.suffix.lower() not in (".csv", ".tsv"):
+        raise SidecarError(f"{p}: a sidecar is a .json, .csv or .tsv file")
+    rows = list(csv.reader(io.StringIO(text), delimiter="\t" if p.suffix.lower() == ".tsv" else ","))
+    if not rows:
+        raise SidecarError(f"{p}: empty sidecar")
+    header = rows[0]
+    key = next((c for c in ("path", "filename") if c in header), None)
+    if key is None:
+        raise SidecarError(f"{p}: the header row needs a 'path' or 'filename' column, got {header}")
+    at = header.index(key)
+    out = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise SidecarError(f"{p}: line {line} has {len(row)} cells, the header {len(header)}")
+        out[row[at]] = {f: _cell(v) for f, v in zip(header, row, strict=True) if f != key}
+    return out
+
+
+def _leaf(field: str, values: list[Any]) -> tuple[tbl_format.Leaf, Any]:
+    """The leaf kind of one field from all its values, and the function that converts one value to it."""
+    if all(isinstance(v, bool) for v in values):
+        return tbl_format.Leaf("bool"), bool
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return tbl_format.Leaf("int"), int
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return tbl_format.Leaf("float"), float
+    if all(isinstance(v, str) for v in values):
+        return tbl_format.Leaf("str"), str
+    if all(isinstance(v, list) for v in values):
+        arrays = [np.asarray(v) for v in values]
+        if any(a.dtype.kind not in "iufb" for a in arrays if a.size):
+            raise SidecarError(f"field {field!r}: list values must hold numbers only")
+        dtype = np.int64 if all(a.dtype.kind in "iub" for a in arrays if a.size) else np.float32
+        shaped = [a for a in arrays if a.size]
+        trailing = shaped[0].shape[1:] if shaped else ()
+
+        def convert(v: Any) -> np.ndarray:
+            a = np.asarray(v, dtype=dtype)
+            return a.reshape((0, *trailing)) if a.size == 0 else a
+
+        shapes = {convert(v).shape for v in values}
+        if len(shapes) == 1:
+            return tbl_format.Leaf("array", dtype=np.dtype(dtype).name, shape=shapes.pop()), convert
+        ndims = {len(s) for s in shapes}
+        if len(ndims) != 1:
+            raise SidecarError(f"field {field!r}: list values of different depths {sorted(ndims)}")
+        return tbl_format.Leaf("var_array", dtype=np.dtype(dtype).name, ndim=ndims.pop()), convert
+    kinds = sorted({type(v).__name__ for v in values})
+    raise SidecarError(f"field {field!r}: values of mixed or unsupported types {kinds}")
+
+
+class ExtraColumns:
+    """The extra leaves of one conversion and each image's values (see the module docstring)."""
+
+    def __init__(self, names: Sequence[str], locators: Sequence[Any], *, keep_path: bool = False,
+                 sidecar: str | os.PathLike[str] | None = None, tar_path: str | None = None,
+                 max_bytes: int | None = None) -> None:
+        self.names = list(names)
+        self.locators = list(locators)
+        self.keep_path = bool(keep_path)
+        self.tar_path = tar_path
+        self.max_bytes = max_bytes
+        self.leaves: dict[str, tbl_format.Leaf] = {}
+        self._fields: list[tuple[str, Any]] = []
+        self._entries: dict[str, dict[str, Any]] = {}
+        if self.keep_path:
+            self.leaves["path"] = tbl_format.Leaf("str")
+            self.leaves["orig_size"] = tbl_format.Leaf("array", dtype="int64", shape=(2,))
+        if sidecar is not None:
+            self._entries = load_sidecar(sidecar)
+            missing = [n for n in self.names if n not in self._entries]
+            if missing:
+                raise SidecarError(f"{sidecar}: no entry for image {missing[0]!r} ({len(missing)} images have none)")
+            fields = list(dict.fromkeys(f for n in self.names for f in self._entries[n]))
+            for f in fields:
+                if f in RESERVED:
+                    raise SidecarError(f"{sidecar}: field {f!r} is reserved ({', '.join(RESERVED)})")
+                lacking = next((n for n in self.names if f not in self._entries[n]), None)
+                if lacking is not None:
+                    raise SidecarError(f"{sidecar}: image {lacking!r} has no field {f!r}")
+                leaf, convert = _leaf(f, [self._entries[n][f] for n in self.names])
+                self.leaves[f] = leaf
+                self._fields.append((f, convert))
+        self._tar: Any = None
+
+    def __bool__(self) -> bool:
+        return bool(self.leaves)
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Image ``i``'s extra values (``i`` indexes ``names``)."""
+        out: dict[str, Any] = {}
+        name = self.names[i]
+        if self.keep_path:
+            out["path"] = name
+            out["orig_size"] = np.array(self._original_size(self.locators[i]), np.int64)
+        entry = self._entries.get(name, {})
+        for f, convert in self._fields:
+            out[f] = convert(entry[f])
+        return out
+
+    def _original_size(self, locator: Any) -> tuple[int, int]:
+        from PIL import Image  # conversion needs Pillow anyway
+
+        from .sources import TarReader, read_file
+
+        if isinstance(locator, str):
+            data = read_file(locator, self.max_bytes) if self.max_bytes else Path(locator).read_bytes()
+        else:
+            if self._tar is None:
+                self._tar = TarReader(self.tar_path, self.max_bytes)
+            data = self._tar.read(*locator)
+        with Image.open(io.BytesIO(data)) as img:  # the header only: no pixel is decoded
+            width, height = img.size
+            orientation = img.getexif().get(0x0112, 1)
+        return (width, height) if orientation in _TURNED else (height, width)
+
+    def close(self) -> None:
+        if self._tar is not None:
+            self._tar.close()
+            self._tar = None

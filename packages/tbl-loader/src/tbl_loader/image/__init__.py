@@ -1,0 +1,21 @@
+"""Images: the image contract (:class:`ImageSpec`), the loader, the map-style dataset, serve-time JPEG decode."""
+
+from __future__ import annotations
+
+from .loader import ImageLoader
+from .spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
+from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset, PassPlan
+
+__all__ = [
+    "EpochBatch",
+    "EpochBatchSampler",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "ImageColumns",
+    "ImageDataset",
+    "ImageLoader",
+    "ImageSpec",
+    "LAYOUTS",
+    "PassPlan",
+    "RandomResizedCrop",
+]

@@ -1,0 +1,381 @@
+"""ImageLoader: batches of normalized (optionally flipped / cropped) images straight from a mapped dataset.
+
+Serves datasets written by ``tbl convert`` (leaves ``"image"``: uint8 ``(H, W, C)``
+and ``"label"``: int64 scalar) and TurboLoader v2 RAW_U8 files, through
+``tbl_format.open``. Each batch is one fused kernel call that reads the mapped
+image column directly (gather, flip, crop-resize, normalization table, layout)
+into a preallocated ring buffer, plus one row-gather call for the labels.
+Datasets without a label leaf yield ``labels=None``.
+
+The loader is a :class:`~tbl_loader.stream.cursor.StreamCursor` (order, epochs,
+resume, sharding) plus a :class:`~tbl_loader.host.pipeline.HostPipeline` (producer
+thread, buffer ring, output) around the batch source below; what it serves is
+one :class:`~tbl_loader.image.spec.ImageSpec`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+
+from .._kernels import kernels
+from ..host.batch import Batch, host_indices
+from ..host.output import HostArray, OutputSpec, allocate_host
+from ..host.pipeline import HostLoader, HostPipeline
+from ..host.transforms import TransformStage
+from ..source.advice import PageAdvisor, fits_in_memory
+from ..source.storage import is_url
+from ..source.verify import verify_mode
+from ..stream import order
+from ..stream.cursor import StreamCursor, StreamOptions
+from ..stream.keys import sample_keys
+from ..stream.order import BatchPlan
+from ..stream.subset import resolve_rows
+from . import variable_source
+from .fields import FieldReader
+from .spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop, view_seed
+
+__all__ = ["Batch", "ImageLoader"]
+
+
+# An ImageLoader keeps every shard it reads open: fixed-size images are read through column views of every
+# shard (which keep every map alive whatever the dataset's bound), and variable-size rows in random order
+# touch most shards in every batch, so a bound below the shard count re-opened (re-parsed) shards batch
+# after batch: 2.6x slower on a 300-shard JPEG dataset in the global order.
+_EVERY_SHARD = sys.maxsize
+
+
+def _label_rows(seg: np.ndarray) -> np.ndarray:
+    """An int64 label column as the ``(rows, 8)`` uint8 row source the row-gather kernel reads."""
+    return seg.view(np.uint8).reshape(seg.shape[0], seg.dtype.itemsize)
+
+
+class _ImageSource:
+    """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
+
+    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None,
+                 fields: FieldReader | None = None, dataset: Any = None, batch_size: int = 1) -> None:
+        # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
+        self.verify_rows = verify_rows
+        # A dataset whose shards come and go (tbl_loader.source.remote) maps a batch's shards first.
+        self.shards = dataset if callable(getattr(dataset, "prepare_rows", None)) else None
+        self.image_key, self.label_key = spec.image_key, spec.label_key
+        self.advisor: PageAdvisor | None = None
+        # The files of the non-empty shards, parallel to the image segments (the advisor releases their pages).
+        files, shard_rows = getattr(dataset, "files", None), getattr(dataset, "segment_rows", None)
+        self.files = None if files is None or shard_rows is None else [
+            f for f, r in zip(files, shard_rows, strict=True) if r > 0]
+        self.batch_size = batch_size
+        self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
+        self.fields = fields  # extra leaves (and a label leaf of another kind than int64), or None
+        self.label_field = spec.label_key if columns.label_field else None
+        if fields is not None:
+            self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
+        self.images = columns.images
+        self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
+        self._label_sources: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # see _remote_labels
+        if self.shards is not None:  # a remote dataset's columns come batch by batch (RemoteDataset.columns)
+            self.images, self.labels = [], None if self.labels is None else []
+        self.seed = seed
+        self.hflip = spec.hflip
+        self.crop = spec.random_resized_crop
+        self.center_box = columns.center_box
+        self.out_shape = columns.out_shape(spec.layout)
+        self.dtype = spec.dtype
+        self.layout = spec.layout
+        self.table = kernels.normalization_table(spec.mean, spec.std, spec.dtype) if spec.normalized else None
+        self.height, self.width = columns.height, columns.width
+        self.num_samples = columns.num_samples
+        self._center_boxes: np.ndarray | None = None
+        self._flips: tuple[int, np.ndarray] | None = None  # (epoch, flip of every sample id)
+        # Multi-crop: views 1.. as (buffer name, crop, view seed, served shape); view 0 is "images" above.
+        self.extra_views = [
+            (f"images_{v}", crop, view_seed(seed, v),
+             (columns.channels, *crop.output_size) if spec.layout == "CHW" else (*crop.output_size, columns.channels))
+            for v, crop in enumerate(spec.extra_crops, start=1)
+        ]
+
+    def _flip_mask(self, epoch: int, ids: np.ndarray) -> np.ndarray | None:
+        """This batch's flips, from a table of the whole epoch's draws (one vectorized pass per epoch
+        keeps the per-batch cost at one fancy index)."""
+        if self.hflip == 0.0:
+            return None
+        if self._flips is None or self._flips[0] != epoch:
+            all_ids = np.arange(self.num_samples, dtype=np.int64)
+            self._flips = (epoch, order.flip_draws(self.seed, epoch, all_ids, self.hflip))
+        return self._flips[1][ids]
+
+    def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
+        buffers = {"images": allocate_host((capacity, *self.out_shape), self.dtype, output)}
+        for name, _, _, shape in self.extra_views:
+            buffers[name] = allocate_host((capacity, *shape), self.dtype, output)
+        if self.labels is not None:
+            buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
+        if self.center_box is not None and (self._center_boxes is None or len(self._center_boxes) < capacity):
+            self._center_boxes = np.ascontiguousarray(np.broadcast_to(self.center_box, (capacity, 4)))
+        if self.fields is not None:
+            buffers.update(self.fields.allocate(capacity, output))
+        return buffers
+
+    def batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan, backend: str,
+              torch_device: Any = False) -> Batch:
+        """The Batch of one plan from its exported buffers and payload (the fields' variable-size columns).
+
+        ``torch_device``: where variable-size field arrays go (False: numpy output; None: host)."""
+        indices = host_indices(plan.sample_ids, backend)
+        views = (outputs["images"], *(outputs[name] for name, _, _, _ in self.extra_views))
+        labels = outputs.get("labels")
+        fields = {}
+        if self.fields is not None:
+            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
+            if self.label_field is not None:
+                labels = fields.pop(self.label_field)
+        return Batch(views[0], labels, indices, keys=sample_keys(self.seed, plan.epoch, plan.sample_ids),
+                     views=views, fields=fields)
+
+    def begin_pass(self, epoch_order: Any) -> None:
+        if self.shards is not None:  # remote: the fetcher downloads the pass's shards in order
+            self.shards.schedule(epoch_order.indices)
+        elif epoch_order.shuffle == "block":  # local: finished shards leave the page cache (tbl_loader.source.advice)
+            self.close()
+            fits = fits_in_memory(sum(seg.nbytes for seg in self.images))  # then they stay for the next epoch
+            # Else finished shards are released and the next ones read ahead (tbl_loader.source.advice).
+            self.advisor = None if fits else PageAdvisor(self.images, epoch_order.indices, self.batch_size,
+                                                         self.files, read_ahead=True)
+
+    def close(self) -> None:
+        if self.advisor is not None:
+            self.advisor.close()
+            self.advisor = None
+
+    def _remote_labels(self, columns: list[np.ndarray]) -> list[np.ndarray]:
+        """The row sources of a remote batch's label columns; kept while the dataset hands the same list back
+        (a warm cache that maps every shard does, batch after batch)."""
+        if self._label_sources is None or self._label_sources[0] is not columns:
+            self._label_sources = (columns, [_label_rows(s) for s in columns])
+        return self._label_sources[1]
+
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
+        ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
+        n = ids.shape[0]
+        if self.advisor is not None:
+            self.advisor.batch(plan.number)
+        images, labels, rows = self.images, self.labels, ids  # rows: positions in the columns the kernels read
+        if self.shards is not None:  # remote: only the mapped columns of this batch's shards are ever read
+            leaves = [self.image_key] + ([] if labels is None else [self.label_key])
+            found, rows = self.shards.batch_columns(leaves, ids)  # maps them first (prepare_rows)
+            images = found[self.image_key]
+            labels = None if labels is None else self._remote_labels(found[self.label_key])
+        if self.verify_rows is not None:
+            self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
+        out = buffers["images"][:n]
+        flip = self._flip_mask(plan.epoch, ids)
+        if self.crop is not None:
+            boxes = order.random_resized_crop_boxes(
+                self.seed, plan.epoch, ids, self.height, self.width, self.crop.scale, self.crop.ratio
+            )
+            kernels.gather_crop_resize(images, rows, boxes, out, self.table, flip, self.layout)
+        elif self.center_box is not None:
+            kernels.gather_crop_resize(images, rows, self._center_boxes[:n], out, self.table, flip, self.layout)
+        elif self.table is None:
+            kernels.gather_u8(images, rows, out, flip, self.layout)
+        else:
+            kernels.gather_normalize(images, rows, out, self.table, flip, self.layout)
+        for name, crop, seed, _ in self.extra_views:
+            boxes = order.random_resized_crop_boxes(seed, plan.epoch, ids, self.height, self.width, crop.scale,
+                                                    crop.ratio)
+            flip = order.flip_draws(seed, plan.epoch, ids, self.hflip) if self.hflip else None
+            kernels.gather_crop_resize(images, rows, boxes, buffers[name][:n], self.table, flip, self.layout)
+        if labels is not None:
+            kernels.gather_rows(labels, rows, buffers["labels"][:n])
+        return None if self.fields is None else self.fields.fill(buffers, ids)
+
+
+class ImageLoader(HostLoader):
+    """Batches ``Batch(images, labels, indices)`` from a converted image dataset.
+
+    ``path``: a ``.tbl`` file, a dataset directory or a TurboLoader v2 file (opened
+    with ``tbl_format.open`` and closed with the loader), or an already open
+    dataset (left open). Augmentation draws come from :mod:`tbl_loader.stream.order`:
+    ``hflip`` is the flip probability; ``random_resized_crop`` (a
+    :class:`RandomResizedCrop`) or ``center_crop`` (int or (h, w): the centred box
+    of that size, no resize) set the output size, otherwise the stored size.
+    ``dtype``: ``"float32"``, ``"float16"``, ``"bfloat16"`` (normalized through
+    the mean/std table) or ``"uint8"`` (raw bytes; mean/std unused).
+    ``backend``: ``"torch"`` (default when torch is installed) or ``"numpy"``.
+    ``device`` (torch only): batches are copied there with ``non_blocking=True``
+    from the ring (pinned when ``pin_memory``); indices stay on the host.
+    ``pin_memory`` without CUDA is a no-op with a RuntimeWarning. ``num_threads``
+    sets the kernels' process-wide thread pool. ``rank`` / ``world_size`` default
+    to torch.distributed's when it is initialized. ``padding`` ("wrap" or "drop")
+    evens out the ranks' shards. ``verify`` (``"never"``, ``"open"`` or
+    ``"lazy"``): when data-block checksums are checked, see :mod:`tbl_loader.source.verify`.
+    ``rows`` (dataset rows: an index array or a range) and ``subsample`` (a fraction):
+    serve a subset, see :mod:`tbl_loader.stream.subset`; ``num_samples`` is then its size.
+    ``transform`` (on the producer thread, on the host batch) and ``device_transform``
+    (after the copy to ``device``): see :mod:`tbl_loader.host.transforms`; each batch carries
+    per-sample keys (``batch.keys``, :mod:`tbl_loader.stream.keys`) for their randomness.
+    ``random_resized_crop`` may be a list of crop specs (multi-crop): ``batch.views``
+    holds one image batch per spec, ``batch.images`` the first.
+    ``fields`` (leaf paths) serves other leaves of the sample in ``batch.fields`` by the
+    pytree loader's rules (``var``: ``"list"`` or ``"pad"``), see :mod:`tbl_loader.image.fields`;
+    a label leaf may be an int, a float, a fixed-shape array or optional.
+    ``shuffle``: True (one global permutation per epoch), False, or ``"block"``
+    (shards, then samples within blocks of ``block_window`` shards; see
+    :func:`tbl_loader.stream.order.block_permutation`). ``path`` may be a URL
+    (``s3://bucket/prefix/``, ``gs://``, ``az://``, ``http(s)://``; needs
+    ``tbl-loader[remote]``): served through the shard cache (``cache_dir``,
+    ``cache_limit``), ``storage_options`` passed to the storage library; see
+    :mod:`tbl_loader.source.remote`. Datasets of variable-size images
+    (``tbl convert --max-size``) take ``resize`` with ``center_crop`` (the
+    evaluation transform) and are served through :mod:`tbl_loader.image.variable_source`;
+    ``jpeg_dct`` (``"accurate"``, default, or ``"fast"``: FFCV's faster, less exact
+    IDCT) is the IDCT of JPEG storage's serve-time decode, see :mod:`tbl_loader.image.jpeg`.
+    See :mod:`tbl_loader.stream.cursor` for epochs and resume, :mod:`tbl_loader.host.pipeline` for the producer's lifetime, and
+    :mod:`tbl_loader.host.ring` for buffer lifetime: a batch's memory is reused only
+    after every view of it has been dropped.
+    """
+
+    def __init__(
+        self,
+        path: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        mean: tuple[float, ...] = IMAGENET_MEAN,
+        std: tuple[float, ...] = IMAGENET_STD,
+        hflip: float = 0.0,
+        random_resized_crop: RandomResizedCrop | None = None,
+        center_crop: int | tuple[int, int] | None = None,
+        resize: int | None = None,
+        dtype: str = "float32",
+        layout: str = "CHW",
+        device: Any = None,
+        pin_memory: bool = False,
+        prefetch: int = 2,
+        num_threads: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        padding: str = "wrap",
+        backend: str | None = None,
+        image_key: str = "image",
+        label_key: str = "label",
+        verify: str | bool = "never",
+        rows: Any = None,
+        subsample: float | None = None,
+        transform: Any = None,
+        device_transform: Any = None,
+        fields: Any = (),
+        var: str = "list",
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        block_window: int = order.DEFAULT_BLOCK_WINDOW,
+        jpeg_dct: str = "accurate",
+    ) -> None:
+        spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
+                         center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
+                         label_key=label_key, resize=resize)
+        options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+                                world_size=world_size, padding=padding, block_window=block_window)
+        if num_threads is not None:
+            if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+                raise ValueError(f"num_threads must be an int >= 1 or None, got {num_threads!r}")
+        output = OutputSpec.create(backend, device, pin_memory)
+        verify = verify_mode(verify)
+
+        if is_url(path):  # s3://, gs://, az://, http(s)://: served from the local shard cache
+            from ..source.remote import RemoteDataset
+
+            dataset = RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                    storage_options=storage_options, verify_data=verify == "open")
+            closers = [dataset.close]
+        elif isinstance(path, (str, os.PathLike)):
+            dataset = tbl_format.open(path, verify=verify == "open", max_open=_EVERY_SHARD)
+            closers = [dataset.close]
+        else:
+            dataset, closers = path, []
+        try:
+            if verify != "never" and not callable(getattr(dataset, "verify_rows", None)):
+                raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
+            if verify == "open" and closers == [] and callable(getattr(dataset, "verify", None)):
+                dataset.verify()  # the caller's dataset: check it here, once
+            variable = variable_source.is_variable(dataset, spec.image_key)  # tbl convert --max-size
+            if callable(getattr(dataset, "ensure_all", None)) and (variable or fields):
+                # A URL whose rows are read through heaps (variable-size images, extra fields), which a
+                # streaming remote dataset does not map: the whole dataset is cached first
+                # (CacheFullError if cache_limit cannot hold it) and read as the local copy.
+                dataset = tbl_format.open(dataset.ensure_all(), verify=verify == "open", max_open=_EVERY_SHARD)
+                closers.insert(0, dataset.close)
+            lazy = dataset.verify_rows if verify == "lazy" else None
+            if variable:
+                columns = variable_source.bind_variable(spec, dataset)
+                if spec.extra_crops:
+                    raise ValueError("several crop views are not served from variable-size images yet "
+                                     "(tbl convert --max-size); convert with --size S for them")
+                variable_source.check_jpeg_dct(jpeg_dct, columns)
+                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec),
+                            **variable_source.jpeg_dct_settings(jpeg_dct)}
+            else:  # a remote dataset binds through its layout: shapes only, no shard is read for it
+                variable_source.check_jpeg_dct(jpeg_dct, None)
+                columns = spec.bind(dataset.layout() if hasattr(dataset, "layout") else dataset, any_label=True)
+                settings = spec.stream_settings()
+            subset = resolve_rows(columns.num_samples, rows, subsample)
+            cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
+                                  dataset_fingerprint=dataset.fingerprint, settings=settings, rows=subset,
+                                  shard_rows=getattr(dataset, "segment_rows", None))
+            if variable:
+                field_paths = _field_paths(fields, spec, columns)
+                reader = FieldReader(dataset, field_paths, var) if field_paths else None
+                source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads,
+                                                             reader, jpeg_dct)
+                closers.insert(0, source.close)  # the decode threads stop before the dataset closes
+            else:
+                field_paths = _field_paths(fields, spec, columns)
+                reader = FieldReader(dataset, field_paths, var) if field_paths else None
+                if reader is not None and callable(getattr(dataset, "prepare_rows", None)):
+                    raise ValueError(f"{spec.label_key!r} is not an int64 label: a URL dataset with such labels "
+                                     "is not served yet")
+                source = _ImageSource(columns, spec, options.seed, lazy, reader, dataset, options.batch_size)
+                closers.insert(0, source.close)  # its read-ahead stops before the dataset closes
+            host_batch = functools.partial(source.batch, backend=output.backend, torch_device=None)
+            stage = TransformStage(host_batch, output, transform, device_transform)
+            pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers,
+                                    stage=stage if transform is not None or device_transform is not None else None)
+        except BaseException:
+            for close in closers:
+                close()
+            raise
+        self._compose(cursor, pipeline)
+        self.fields, self.var = tuple(fields or ()), var
+        if num_threads is not None:
+            kernels.set_num_threads(num_threads)
+        self.dataset = dataset
+        self.spec = spec
+        self.image_shape = getattr(columns, "image_shape", None)  # None: images of variable size
+        self.has_labels = columns.labels is not None
+        self.verify = verify
+
+    def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
+        # The pipeline's source (never kept on the loader: close() must drop it, and with it the maps).
+        return self._pipeline.source.batch(outputs, payload, plan, self.output.backend, self.output.device)
+
+
+def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns | variable_source.VariableColumns) -> list[str]:
+    """The leaves read through the field path: ``fields`` plus a label leaf that is not int64."""
+    if isinstance(fields, str):
+        raise TypeError(f"fields must be a sequence of leaf paths, not a single string ({fields!r})")
+    paths = list(fields or ())
+    for reserved in (spec.image_key, spec.label_key):
+        if reserved in paths:
+            raise ValueError(f"{reserved!r} is served as the batch's {'images' if reserved == spec.image_key else 'labels'}"
+                             "; fields are the other leaves")
+    return paths + ([spec.label_key] if columns.label_field else [])

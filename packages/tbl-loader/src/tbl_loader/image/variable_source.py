@@ -1,0 +1,296 @@
+"""Serving images of variable size (``tbl convert --max-size``): one crop-resize kernel call per batch.
+
+A dataset written with ``--max-size`` has an ``image`` leaf of variable size
+(raw pixels, ``var_array``, or JPEG bytes, ``encoded_image``) and int64
+``height`` / ``width`` columns. Per batch, on the producer thread:
+
+1. Boxes from the sizes columns only (no pixel touched):
+   ``RandomResizedCrop`` boxes drawn on each sample's own size
+   (`tbl_loader.stream.order.random_resized_crop_boxes`, a pure function of
+   ``(seed, epoch, sample_id)`` and that size), or a plain centred box; for the
+   evaluation transform (``resize`` + ``center_crop``), the fractional windows
+   of torchvision's geometry (`tbl_loader.image.spec.resized_center_crop_windows`).
+   Flips from `tbl_loader.stream.order.flip_draws`, as for fixed-size images.
+2. Sources: raw rows are zero-copy views of the mapped heap (their shapes are
+   checked against the sizes columns); JPEG rows are decoded by ``num_threads``
+   threads (the producer thread and a pool) sharing one counter
+   (`tbl_loader.host.shared_loop`), with the GIL released, at the DCT scale the box
+   allows, and the boxes are mapped onto the decoded images
+   (`tbl_loader.image.jpeg`).
+3. One kernel call: crop, resize, flip, normalize and lay out every sample, GIL
+   released, parallel over the batch. Boxes go to ``crop_resize_images``
+   (crop, then resize the box: torchvision's RandomResizedCrop); windows go to
+   ``resize_crop_images`` (resize the whole image, then crop: torchvision's
+   ``Resize`` + ``CenterCrop``, computed for the crop only).
+
+Every step is a function of the sample and the stream position only, so the
+stream does not depend on batch size, prefetch depth or thread count.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._kernels import kernels, per_sample_kernels
+from ..errors import ImageGeometryError, JpegDecodeError
+from ..host.batch import Batch, host_indices
+from ..host.output import HostArray, OutputSpec, allocate_host
+from ..host.shared_loop import shared_loop
+from ..stream import order
+from ..stream.keys import sample_keys
+from ..stream.order import BatchPlan
+from .fields import FieldReader
+from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
+from .spec import ImageSpec, fit_windows, resized_center_crop_windows
+
+__all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable"]
+
+SIZE_KEYS = ("height", "width")
+
+
+def is_variable(dataset: Any, image_key: str) -> bool:
+    """True when ``dataset``'s ``image_key`` leaf holds images of variable size (raw or JPEG)."""
+    leaf = getattr(getattr(dataset, "schema", None), "leaves", {}).get(image_key)
+    return getattr(leaf, "kind", None) in ("var_array", "encoded_image")
+
+
+@dataclass(frozen=True)
+class VariableColumns:
+    """A variable-size image dataset as a loader serves it: storage, per-row sizes, labels, output size."""
+
+    store: str  # "raw" or "jpeg"
+    heights: np.ndarray  # int64 (N,)
+    widths: np.ndarray  # int64 (N,)
+    labels: list[np.ndarray] | None
+    channels: int
+    out_hw: tuple[int, int]
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.heights.shape[0])
+
+    @property
+    def label_field(self) -> bool:
+        """Always False: the label of a variable-size dataset is an int64 scalar or absent (bind_variable checks)."""
+        return False
+
+    def out_shape(self, layout: str) -> tuple[int, int, int]:
+        return (self.channels, *self.out_hw) if layout == "CHW" else (*self.out_hw, self.channels)
+
+
+def _concat(dataset: Any, key: str) -> np.ndarray:
+    segments = [np.asarray(s) for s in dataset.segments(key)]
+    return np.concatenate(segments).astype(np.int64, copy=False) if segments else np.empty(0, np.int64)
+
+
+def bind_variable(spec: ImageSpec, dataset: Any) -> VariableColumns:
+    """``dataset``'s variable-size image leaf, sizes and labels checked against ``spec`` (ValueError naming the rule)."""
+    leaves = dataset.schema.leaves
+    leaf = leaves[spec.image_key]
+    if leaf.kind == "var_array":
+        if leaf.dtype != "uint8" or leaf.ndim != 3:
+            raise ValueError(f"leaf {spec.image_key!r} must hold uint8 (H, W, C) images, got {leaf}")
+        store = "raw"
+    elif leaf.format == "jpeg":
+        store = "jpeg"
+    else:
+        raise ValueError(f"leaf {spec.image_key!r} holds {leaf.format!r} images; JPEG is the encoded format served")
+    for key in SIZE_KEYS:
+        if key not in leaves or leaves[key].kind != "int" or leaves[key].optional:
+            raise ValueError(f"a variable-size image dataset needs an int {key!r} leaf per row (tbl convert --max-size)")
+    if spec.random_resized_crop is not None:
+        out_hw = spec.random_resized_crop.output_size
+    elif spec.center_crop is not None:
+        out_hw = spec.center_crop
+    else:
+        raise ValueError("images of variable size need random_resized_crop or center_crop (with resize) "
+                         "to give every sample of a batch the same size")
+    heights, widths = _concat(dataset, "height"), _concat(dataset, "width")
+    if heights.size == 0:
+        raise ValueError("dataset has no samples")
+    if heights.min() < 1 or widths.min() < 1:
+        k = int(np.argmax((heights < 1) | (widths < 1)))
+        raise ImageGeometryError(f"row {k}: height {int(heights[k])} x width {int(widths[k])} is not an image size")
+    channels = 3
+    if spec.normalized and (len(spec.mean) != channels or len(spec.std) != channels):
+        raise ValueError(f"mean and std need one value per channel ({channels}), got {len(spec.mean)} and "
+                         f"{len(spec.std)}")
+    if spec.center_crop is not None and spec.resize is None:
+        small = (heights < out_hw[0]) | (widths < out_hw[1])
+        if small.any():
+            k = int(np.argmax(small))
+            raise ValueError(f"center_crop {out_hw} does not fit row {k} ({int(heights[k])}x{int(widths[k])}); "
+                             "pass resize= to scale the shorter side first")
+    labels = None
+    if spec.label_key in leaves:
+        labels = [s for s in dataset.segments(spec.label_key) if s.shape[0] > 0]
+        for k, seg in enumerate(labels):
+            if seg.dtype != np.int64 or seg.ndim != 1 or not seg.flags.c_contiguous:
+                raise ValueError(f"leaf {spec.label_key!r} segment {k} must be a contiguous int64 (rows,) array")
+    return VariableColumns(store, heights, widths, labels, channels, out_hw)
+
+
+EVAL_RULE = "resize-crop"
+"""Fingerprinted with the evaluation transform: it resizes the whole image, then crops (before, it resized a
+rounded box), so a state saved under the old rule refuses to resume instead of continuing with other pixels."""
+
+
+def check_jpeg_dct(jpeg_dct: Any, columns: VariableColumns | None) -> str:
+    """``jpeg_dct`` checked (`tbl_loader.image.jpeg.check_dct`); ``"fast"`` only where JPEG rows are
+    decoded at serve time (``columns``: None for a fixed-size dataset), never silently ignored."""
+    check_dct(jpeg_dct)
+    if jpeg_dct != "accurate" and (columns is None or columns.store != "jpeg"):
+        raise ValueError(f"jpeg_dct={jpeg_dct!r} applies to JPEG storage (tbl convert --store jpeg); "
+                         "this dataset stores decoded pixels")
+    return jpeg_dct
+
+
+def jpeg_dct_settings(jpeg_dct: str) -> dict[str, Any]:
+    """The stream setting of the serve-time IDCT (`check_jpeg_dct` first): ``{"jpeg_dct": "fast"}``, as it
+    changes pixels; nothing for the accurate default, so states saved before the choice existed resume."""
+    return {} if jpeg_dct == "accurate" else {"jpeg_dct": jpeg_dct}
+
+
+def stream_settings(columns: VariableColumns, spec: ImageSpec | None = None) -> dict[str, Any]:
+    """What besides the ImageSpec changes this stream: the serve-time decoder (its version changes pixels)
+    and, for the evaluation transform, its resampling rule."""
+    settings: dict[str, Any] = {"variable": columns.store}
+    if columns.store == "jpeg":
+        settings["decoder"] = decoder_info()
+    if spec is not None and _evaluation(spec):
+        settings["eval_rule"] = EVAL_RULE
+    return settings
+
+
+def _evaluation(spec: ImageSpec) -> bool:
+    """True for the evaluation transform (shorter side to ``resize``, then ``center_crop``)."""
+    return spec.random_resized_crop is None and spec.resize is not None
+
+
+class VariableImageSource:
+    """Fills ring slots for an ImageLoader over variable-size images. Holds the dataset, never the loader."""
+
+    def __init__(self, dataset: Any, columns: VariableColumns, spec: ImageSpec, seed: int,
+                 verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None,
+                 jpeg_dct: str = "accurate") -> None:
+        self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
+        if columns.store == "jpeg":
+            decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
+        self.dataset = dataset
+        self.path = str(getattr(dataset, "path", "dataset"))
+        self.columns = columns
+        self.image_key = spec.image_key
+        self.verify_rows = verify_rows
+        self.verified_leaves = [spec.image_key, *SIZE_KEYS] + ([] if columns.labels is None else [spec.label_key])
+        self.fields = fields  # extra leaves served in batch.fields (tbl_loader.image.fields), or None
+        if fields is not None:
+            self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
+        self.labels = None if columns.labels is None else [
+            seg.view(np.uint8).reshape(seg.shape[0], 8) for seg in columns.labels]
+        self.seed = seed
+        self.spec = spec
+        self.windows = _evaluation(spec)  # boxes() gives float64 windows for resize_crop_images
+        self.out_hw = columns.out_hw
+        self.out_shape = columns.out_shape(spec.layout)
+        self.table = kernels.normalization_table(spec.mean, spec.std, spec.dtype) if spec.normalized else None
+        self.num_threads = num_threads
+        self.jpeg_dct = check_jpeg_dct(jpeg_dct, columns)  # the IDCT of the serve-time decode (jpeg_decode)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
+        buffers = {"images": allocate_host((capacity, *self.out_shape), self.spec.dtype, output)}
+        if self.labels is not None:
+            buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
+        if self.fields is not None:
+            buffers.update(self.fields.allocate(capacity, output))
+        return buffers
+
+    def boxes(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Samples ``ids``' boxes on their own sizes (from the columns alone): int32 (n, 4) for
+        ``crop_resize_images``, or float64 (n, 4) windows for ``resize_crop_images`` (evaluation transform)."""
+        h, w = self.columns.heights[ids], self.columns.widths[ids]
+        crop, spec = self.spec.random_resized_crop, self.spec
+        if crop is not None:
+            return order.random_resized_crop_boxes(self.seed, epoch, ids, h, w, crop.scale, crop.ratio)
+        ch, cw = self.out_hw
+        if spec.resize is not None:
+            return resized_center_crop_windows(h, w, spec.resize, ch, cw)
+        # order.center_crop_box's rule (torchvision's CenterCrop), per sample
+        top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
+        return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
+
+    def batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan, backend: str,
+              torch_device: Any = False) -> Batch:
+        """The Batch of one plan: images, labels, dataset rows, per-sample keys and the extra fields
+        (``payload``: their variable-size columns, from fill)."""
+        fields = {}
+        if self.fields is not None:
+            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
+        return Batch(outputs["images"], outputs.get("labels"), host_indices(plan.sample_ids, backend),
+                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields)
+
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
+        ids = plan.sample_ids
+        n = ids.shape[0]
+        rows = ids.tolist()
+        if self.verify_rows is not None:
+            self.verify_rows(rows, self.verified_leaves)  # before any byte of these rows is read
+        boxes = self.boxes(plan.epoch, ids)
+        flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
+        values = self.dataset.values(self.image_key, rows)
+        if self.columns.store == "raw":
+            images = self._raw_views(values, ids)
+        else:
+            images, boxes = self._decode(values, ids, boxes)
+        out = buffers["images"][:n]
+        kernel = self.kernels.resize_crop_images if self.windows else self.kernels.crop_resize_images
+        kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
+        if self.labels is not None:
+            kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
+        return None if self.fields is None else self.fields.fill(buffers, ids)
+
+    def _raw_views(self, views: list[Any], ids: np.ndarray) -> list[np.ndarray]:
+        h, w = self.columns.heights[ids], self.columns.widths[ids]
+        for k, view in enumerate(views):
+            if view.shape != (h[k], w[k], 3) or not view.flags.c_contiguous:
+                raise ImageGeometryError(
+                    f"{self.path}: row {int(ids[k])}: stored image {view.shape} disagrees with its height/width "
+                    f"columns ({int(h[k])}, {int(w[k])})")
+        return views
+
+    def _decode(self, blobs: list[Any], ids: np.ndarray, boxes: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        h, w = self.columns.heights[ids], self.columns.widths[ids]
+        scales = dct_scale(boxes[:, 2], boxes[:, 3], *self.out_hw)
+        # Python ints, read once: the per-image step below is the only Python that runs per JPEG
+        scale_list, h_list, w_list, rows = scales.tolist(), h.tolist(), w.tolist(), ids.tolist()
+        dct = self.jpeg_dct
+
+        def one(k: int) -> np.ndarray:
+            try:
+                image = decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k], dct=dct)
+            except ValueError as e:
+                raise JpegDecodeError(self.path, rows[k], str(e)) from None
+            if scale_list[k] == 1 and image.shape[:2] != (h_list[k], w_list[k]):
+                raise ImageGeometryError(
+                    f"{self.path}: row {rows[k]}: the JPEG decodes to {image.shape[:2]}, its height/width "
+                    f"columns say ({h_list[k]}, {w_list[k]})")
+            return image
+
+        threads = max(1, self.num_threads or kernels.get_num_threads())
+        if self._pool is None and threads > 1:
+            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="tbl-jpeg")
+        images = shared_loop(self._pool, threads, len(blobs), one)
+        decoded = np.array([im.shape[:2] for im in images], dtype=np.int64).reshape(-1, 2)
+        if self.windows:  # a window scales with the image: the same part of the photo, in decoded pixels
+            ratio = np.tile(decoded / np.stack([h, w], axis=1), (1, 2))  # (rows, cols, rows, cols)
+            return images, fit_windows(boxes * ratio, decoded)
+        return images, scale_boxes(boxes, np.stack([h, w], axis=1), decoded)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -1,0 +1,345 @@
+"""PyTreeDataset: a map-style dataset of sample pytrees, read from memory maps.
+
+``ds[i]`` is the dataset's compiled row accessor (one ``struct`` read per
+scalar leaf, zero-copy views for arrays). ``ds.get_batch(indices)`` (also
+``ds[list]``, ``ds[array]``, ``ds[slice]`` and ``ds.__getitems__``) returns one
+collated pytree: every fixed-size leaf gathered into its own fresh array, all
+of them by one ``gather_columns`` kernel call reading straight from the maps,
+variable-size leaves as
+lists or padded arrays (see :mod:`tbl_loader.pytree.batch`).
+
+Processes. The maps belong to the process that opened them. Pickling (torch
+DataLoader ``spawn`` workers) keeps only the path, the options and a
+fingerprint of the contents; the copy maps the files again on first use and
+raises ``tbl_format.DatasetChangedError`` if the dataset changed meanwhile. A
+forked child (``fork`` workers) closes the maps it inherited right after the
+fork and opens its own on first use, so no process shares another's
+descriptors or LRU state. At most ``max_open`` shards are mapped per process.
+``close()`` unmaps everything; a later access maps again.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterator, Sequence
+from operator import index as _index
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+from tbl_format import DEFAULT_MAX_OPEN
+
+from ..source.storage import is_url
+from ..stream.subset import resolve_rows
+from .batch import Collator, RowSource
+
+__all__ = ["CollatedBatch", "PyTreeDataset", "as_indices", "collate_identity", "collate_tensors"]
+
+# Datasets holding maps in this process; a forked child closes its inherited copies.
+_OPEN: weakref.WeakSet[PyTreeDataset] = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    for ds in list(_OPEN):
+        ds.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
+
+
+def as_indices(indices: Any, num_rows: int) -> np.ndarray:
+    """Row indices as a contiguous int64 array; negatives count from the end; IndexError when out of range."""
+    if isinstance(indices, range):
+        idx = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+    else:
+        idx = np.asarray(indices)
+    if idx.ndim != 1:
+        raise ValueError(f"indices must be one-dimensional, got shape {idx.shape}")
+    if idx.shape[0] == 0:
+        return np.empty(0, dtype=np.int64)
+    if idx.dtype.kind not in "iu" or idx.dtype == np.bool_:
+        raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < -num_rows or hi >= num_rows:
+        bad = lo if lo < -num_rows else hi
+        raise IndexError(f"row {bad} out of range for {num_rows} rows")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    if lo < 0:
+        idx = np.where(idx < 0, idx + num_rows, idx)
+    return idx
+
+
+class CollatedBatch(Sequence):
+    """What a map-style dataset's ``__getitems__`` returns to torch's DataLoader: the rows of one batch.
+
+    ``collate_identity`` turns it into the batch collated once by the dataset
+    (``dataset.get_batch(indices)``: one kernel call per batch). Any other
+    ``collate_fn`` (torch's default collate included) sees a sequence of
+    ``len(indices)`` samples, each ``dataset.collate_row(indices, k)`` (``ds[indices[k]]`` with writable
+    array copies), and collates them as for any map-style dataset: the same values,
+    row by row. Nothing is read until one of the two is asked for.
+    """
+
+    def __init__(self, dataset: Any, indices: Any) -> None:
+        self.dataset = dataset
+        self.indices = indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self.indices)))]
+        return self.dataset.collate_row(self.indices, k)
+
+    @property
+    def collated(self) -> Any:
+        """The batch as the dataset collates it (``dataset.get_batch(indices)``)."""
+        return self.dataset.get_batch(self.indices)
+
+
+def collate_identity(batch: Any) -> Any:
+    """A torch DataLoader ``collate_fn`` for :class:`PyTreeDataset`: the batch, collated once by the dataset.
+
+    Takes the :class:`CollatedBatch` that ``__getitems__`` returns and gives its collated pytree;
+    anything else is returned unchanged.
+    """
+    return batch.collated if isinstance(batch, CollatedBatch) else batch
+
+
+def collate_tensors(batch: Any) -> Any:
+    """Like :func:`collate_identity`, with the arrays as torch tensors (``torch.utils.data.default_convert``,
+    zero-copy: the collated arrays are fresh and writable)."""
+    from torch.utils.data import default_convert  # only this collate_fn needs torch
+
+    return default_convert(collate_identity(batch))
+
+
+class PyTreeDataset:
+    """Map-style dataset over a ``.tbl`` file or dataset directory of sample pytrees.
+
+    ``path``: a ``.tbl`` file, a TurboLoader v2 file or a dataset directory.
+    ``leaves``: leaf paths to read (default: all); the pytree is pruned to them.
+    ``var``: ``"list"`` or ``"pad"``, how ``get_batch`` returns variable-size leaves.
+    ``copy_arrays``: ``ds[i]`` returns writable copies of array leaves instead of
+    read-only views of the map. ``max_open``: shards mapped at once.
+    ``verify``: check every data checksum of every shard whenever the dataset is
+    opened (on creation, and again in a process that maps it after pickling or
+    ``close()``). ``rows`` / ``subsample``: the dataset is that subset of rows
+    (:mod:`tbl_loader.stream.subset`): ``len(ds)`` is its size and ``ds[i]`` its ``i``-th row.
+    A URL (``s3://bucket/prefix/``, needs ``tbl-loader[remote]``) is downloaded
+    whole into the shard cache (``cache_dir``, ``cache_limit``, which must hold
+    it; ``storage_options`` for the store) and served from there.
+
+    Return types of ``ds[i]``: int leaves -> ``int``, float -> ``float``, bool ->
+    ``bool``, str -> ``str``, bytes and encoded images -> ``bytes``, var_list ->
+    ``list``, none -> ``None`` (an optional leaf: None where a row holds None), arrays ->
+    numpy arrays that are *read-only views of the map* (``writeable=False``;
+    ``torch.from_numpy`` would warn on them: pass ``copy_arrays=True`` or use
+    ``get_batch``, whose arrays are always fresh and writable).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        leaves: list[str] | None = None,
+        var: str = "list",
+        copy_arrays: bool = False,
+        max_open: int = DEFAULT_MAX_OPEN,
+        verify: bool = False,
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        rows: Any = None,
+        subsample: float | None = None,
+    ) -> None:
+        if is_url(path):  # random access reads any shard: the whole dataset comes into the cache
+            from ..source.remote import materialize
+
+            self.url = path
+            path = materialize(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                               verify_data=verify)
+        self.path = Path(path)
+        self._leaves = None if leaves is None else list(leaves)
+        self._var = var
+        self._copy_arrays = bool(copy_arrays)
+        self._max_open = max_open
+        self._verify = bool(verify)
+        self._source: RowSource | None = None
+        self._item: Any = None
+        self._rows: np.ndarray | None = None
+        self._row_copier: Any = None
+        source = self._open()
+        self._fingerprint = source.fingerprint
+        try:
+            self._rows = resolve_rows(source.num_rows, rows, subsample)
+        except BaseException:
+            self.close()
+            raise
+        self._len = source.num_rows if self._rows is None else self._rows.shape[0]
+        if self._rows is not None:
+            self.close()
+            self._open()  # the row accessor now maps subset positions to dataset rows
+
+    # ---- opening ------------------------------------------------------------------------------
+    def _open(self) -> RowSource:
+        # Always a fresh tbl_format.open (never a reopen of a closed Dataset): the contents are
+        # checked against the fingerprint taken at creation before any row is served.
+        source = RowSource(self.path, max_open=self._max_open, verify=self._verify)
+        try:
+            expected = getattr(self, "_fingerprint", None)
+            if expected is not None and source.fingerprint != expected:
+                raise tbl_format.DatasetChangedError(
+                    f"{self.path}: the dataset changed since this PyTreeDataset was created"
+                )
+            collator = Collator(source.schema, self._leaves, self._var, self._copy_arrays)
+        except BaseException:
+            source.close()
+            raise
+        self._collator = collator
+        get = source.get
+        if not collator.identity:
+            select = collator.select
+
+            def get(i: int, _get: Any = get, _select: Any = select) -> Any:
+                return _select(_get(i))
+
+        if self._rows is not None:
+            rows = self._rows
+
+            def get(i: int, _get: Any = get, _rows: np.ndarray = rows) -> Any:
+                return _get(int(_rows[i]))  # numpy's rule: negatives from the end, IndexError past it
+
+        self._source = source
+        self._item = get
+        _OPEN.add(self)
+        return source
+
+    def _ensure(self) -> RowSource:
+        source = self._source
+        return source if source is not None else self._open()
+
+    # ---- rows ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: Any) -> Any:
+        item = self._item
+        if i.__class__ is int and item is not None:
+            return item(i)
+        if isinstance(i, slice):
+            return self.get_batch(range(*i.indices(self._len)))
+        if isinstance(i, (list, tuple, range, np.ndarray)) and not (isinstance(i, np.ndarray) and i.ndim == 0):
+            return self.get_batch(i)
+        i = _index(i)
+        self._ensure()
+        return self._item(i)
+
+    def get_batch(self, indices: Any) -> Any:
+        """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring)."""
+        source = self._ensure()
+        collator = self._collator
+        if self._rows is not None:
+            return collator.batch(source, np.ascontiguousarray(self._rows[as_indices(indices, self._len)]))
+        if not isinstance(indices, range):
+            idx = np.asarray(indices)
+            if idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous:
+                # Common case first: the kernel and the row reader check every index themselves
+                # (IndexError before anything is written). Negative or bad rows take the full path.
+                try:
+                    return collator.batch(source, idx)
+                except IndexError:
+                    pass
+        return collator.batch(source, as_indices(indices, self._len))
+
+    def __getitems__(self, indices: list[int]) -> CollatedBatch:
+        """torch DataLoader's batched fetch (torch >= 2.2): a :class:`CollatedBatch`.
+
+        With ``collate_fn=collate_identity`` the DataLoader yields ``get_batch(indices)``;
+        with torch's default collate it collates the rows one by one (same values, slower).
+        """
+        return CollatedBatch(self, indices)
+
+    def collate_row(self, indices: Any, k: int) -> Any:
+        """``ds[indices[k]]`` with writable copies of its array leaves (what a collate_fn may stack or wrap)."""
+        i = indices[k]
+        if self._row_copier is None:
+            self._ensure()
+            self._row_copier = Collator(self.schema, self._leaves, self._var, copy_arrays=True).select
+        source = self._ensure()
+        row = int(self._rows[i]) if self._rows is not None else _index(i)
+        return self._row_copier(source.get(row))
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every row in order, decoded in column batches (much faster than ``ds[i]`` in a loop)."""
+        if self._rows is not None:
+            return (self[i] for i in range(self._len))
+        source = self._ensure()
+        rows = iter(source)
+        collator = self._collator
+        if collator.identity:
+            return rows
+        return map(collator.select, rows)
+
+    # ---- description --------------------------------------------------------------------------
+    @property
+    def schema(self) -> tbl_format.Schema:
+        return self._ensure().schema
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._ensure().metadata
+
+    @property
+    def leaf_paths(self) -> list[str]:
+        """The selected leaves, in schema order."""
+        self._ensure()
+        return list(self._collator.paths)
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's ``tbl_format.Dataset.fingerprint`` (taken when this PyTreeDataset was created)."""
+        return self._fingerprint
+
+    @property
+    def open_shards(self) -> int:
+        """Shards mapped by this process right now."""
+        return 0 if self._source is None else self._source.open_shards
+
+    # ---- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap every shard; the next access maps them again."""
+        source, self._source, self._item = self._source, None, None
+        _OPEN.discard(self)
+        if source is not None:
+            source.close()
+
+    def __enter__(self) -> PyTreeDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        source = self.__dict__.get("_source")
+        if source is not None:
+            source.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_source"] = None
+        state["_item"] = None
+        state["_row_copier"] = None
+        state.pop("_collator", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"PyTreeDataset({str(self.path)!r}, rows={self._len})"

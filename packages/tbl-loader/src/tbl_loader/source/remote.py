@@ -1,0 +1,355 @@
+"""RemoteDataset: a TBL dataset at a URL, served from the local shard cache with few shards mapped at a time.
+
+Opening reads the manifest first (from the store, every time: it is small, and
+a dataset republished under the same URL must be seen as such) and keeps it in
+the cache; shards are downloaded lazily, through :class:`~tbl_loader.source.cache.ShardCache`
+(checked, renamed into place, shared by the node's processes, evicted LRU by
+unlink within ``cache_limit``).
+
+To the loaders it looks like a ``tbl_format.Dataset`` (``leaf_paths``,
+``schema``, ``metadata``, ``fingerprint`` -- the same as the local copy's --,
+``segment_rows``, ``segments``, ``verify_rows``, ``close``), plus two calls the
+image loader makes on its producer thread:
+
+- ``schedule(indices)`` at the start of a pass: the rest of the epoch's sample
+  ids in order. The background :class:`~tbl_loader.source.fetcher.Fetcher` downloads
+  the shards in the order they will be needed, ``lookahead`` shards ahead.
+- ``prepare_rows(rows)`` before each batch: every shard holding ``rows`` is
+  downloaded (if needed) and mapped, shards no batch needs now are unmapped
+  beyond ``max_mapped``;
+- ``columns(leaves, rows)`` then: the mapped columns of exactly the shards
+  holding ``rows``, and ``rows`` as positions in their concatenation. That is
+  all a batch's kernel call sees, so a shard that is not mapped is never read:
+  asking for its rows raises :class:`ShardNotMappedError`, and so does
+  ``segments(leaf)`` / ``segment(leaf, k)`` for a shard not mapped.
+
+Binding the image columns (shapes, dtypes, rows per shard) reads no pixel:
+``layout()`` gives a stand-in dataset for it whose columns are address-space-only
+arrays of the right shapes; the loaders never keep them for reading. A single
+``.tbl`` file at a URL is downloaded whole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+
+from ..errors import CacheFullError, ShardNotMappedError
+from .cache import ShardCache
+from .fetcher import Fetcher
+from .storage import open_store
+
+__all__ = ["RemoteDataset", "materialize", "open_remote"]
+
+MANIFEST = "manifest.json"
+
+
+class RemoteDataset:
+    """A dataset directory (``.../prefix/`` with ``manifest.json``) or one ``.tbl`` file at a URL.
+
+    ``cache_dir`` / ``cache_limit``: see :class:`~tbl_loader.source.cache.ShardCache`.
+    ``storage_options``: passed to the storage library (endpoint, region,
+    credentials profile, client options). ``verify_data``: check every data
+    block's CRC-32 of each downloaded shard before it enters the cache (the
+    header and table checksums are always checked). ``lookahead``: shards the
+    fetcher keeps downloaded ahead of the reader; ``concurrency``: parallel
+    downloads; ``max_mapped``: shards kept mapped when no batch needs them (default:
+    as many as ``cache_limit`` holds, so unlinked-but-mapped files stay within it too; all
+    without a limit).
+    """
+
+    def __init__(self, url: str, *, cache_dir: Any = None, cache_limit: Any = None,
+                 storage_options: dict[str, Any] | None = None, verify_data: bool = False,
+                 lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None) -> None:
+        self.url = url
+        # What another process needs to open the same dataset on the same cache (ImageDataset pickles it).
+        self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
+                        "verify_data": verify_data}
+        self.cache = ShardCache(cache_dir, cache_limit)
+        self.verify_data = bool(verify_data)
+        self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
+        base, _, name = url.rpartition("/") if single else (url, "", "")
+        self.store = open_store(base, storage_options)
+        self.local_dir = self.cache.dataset_dir(url, storage_options)
+        if single:
+            entry = {"file": name, "rows": None, "header_crc32": None, "size": self.store.size(name)}
+            self.cache.store_manifest(self.local_dir, _file_list(name), name=".tbl-cache-files.json")
+            path = self.cache.fetch(self.store, self.local_dir, entry, verify_data=self.verify_data)
+            self._meta = tbl_format.open(path)
+            self._entries = [{**self._meta.shard_entries[0], "size": entry["size"]}]
+        else:
+            self.cache.store_manifest(self.local_dir, self.store.read_bytes(MANIFEST))
+            self._meta = tbl_format.open(self.local_dir)  # reads the manifest only
+            self._entries = self._meta.shard_entries
+        rows = self._meta.segment_rows
+        if max_mapped is None:  # as many as the cache holds: a warm cache serves with no map churn
+            largest = max((e.get("size") or 0 for e in self._entries), default=0) or 1
+            limit = self.cache.limit
+            max_mapped = len(self._entries) if limit is None else max(1, limit // largest)
+        self.max_mapped = max(1, int(max_mapped))
+        self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
+        self._counts = np.diff(self._starts)
+        self._columns: dict[tuple[int, str], Any] = {}  # (shard, leaf) -> column view of a mapped shard
+        self._lock = threading.RLock()
+        self._mapped: OrderedDict[int, Any] = OrderedDict()  # shard -> open single-file tbl_format.Dataset
+        self._templates: dict[str, np.ndarray] = {}
+        self._prepared: list[int] = []  # the shards the last prepare_rows mapped
+        self._nonempty = [k for k, count in enumerate(self._counts.tolist()) if count]
+        self._whole: dict[tuple[str, ...], dict[str, list[Any]]] = {}  # by leaves: see _whole_columns
+        # Downloads ahead stay within what the cache holds besides the shards being read.
+        lookahead = min(lookahead, max(0, self.max_mapped - 1))
+        self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
+        self._closed = False
+
+    # ---- what the manifest says ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    schema = property(lambda self: self._meta.schema)
+    metadata = property(lambda self: self._meta.metadata)
+    fingerprint = property(lambda self: self._meta.fingerprint, doc="The local copy's ``Dataset.fingerprint``.")
+    leaf_paths = property(lambda self: self._meta.leaf_paths)
+    segment_rows = property(lambda self: self._meta.segment_rows)
+    shard_entries = property(lambda self: [dict(e) for e in self._entries])
+
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        """The shard index of every row (int64)."""
+        return np.searchsorted(self._starts, np.asarray(rows, dtype=np.int64), side="right") - 1
+
+    # ---- shards -------------------------------------------------------------------------------------
+    def _prefetch(self, k: int) -> None:
+        if k in self._mapped:  # mapped here already: its bytes are at hand, nothing to fetch or lock
+            return
+        if self._entries[k]["rows"]:
+            self.cache.fetch(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data)
+
+    def _map(self, k: int) -> Any:
+        """Shard ``k`` open (downloaded first if it is not cached); most recently used."""
+        shard = self._mapped.get(k)
+        if shard is not None:
+            self._mapped.move_to_end(k)
+            return shard
+        entry = self._entries[k]
+        self.fetcher.join(k)
+        with self.cache.holding(self.store, self.local_dir, entry, verify_data=self.verify_data) as path:
+            shard = tbl_format.open(path)  # mapped under the shard's lock: no process evicts it first
+        self._mapped[k] = shard
+        return shard
+
+    def _unmap_beyond(self, keep: set[int]) -> None:
+        for k in list(self._mapped):
+            if len(self._mapped) <= self.max_mapped:
+                break
+            if k not in keep:
+                for leaf in self._meta.leaf_paths:
+                    self._columns.pop((k, leaf), None)
+                self._whole.clear()
+                self._mapped.pop(k).close()  # the map goes when the last view of it goes
+
+    def _locate(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rows`` as int64, the shard of each, and the shards they touch (ascending)."""
+        ids = np.asarray(rows, dtype=np.int64).reshape(-1)
+        shard = self.shard_of(ids)
+        return ids, shard, np.unique(shard)
+
+    def _prepare(self, used: np.ndarray) -> None:
+        shards = used.tolist()
+        with self._lock:
+            # Consecutive batches mostly read the same few shards: then they are mapped already (only this
+            # call unmaps) and the fetcher's position has not moved.
+            if shards == self._prepared:
+                return
+            for k in shards:
+                self._map(k)
+            self._unmap_beyond(set(shards))
+            self._prepared = shards
+        self.fetcher.reached(shards)
+
+    def prepare_rows(self, rows: Any) -> None:
+        """Map every shard holding ``rows`` (downloading what is not cached); tell the fetcher where we are."""
+        self._prepare(self._locate(rows)[2])
+
+    def schedule(self, indices: Any) -> None:
+        """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""
+        if self._all_mapped():  # nothing will be fetched
+            return
+        ids = np.asarray(indices, dtype=np.int64)
+        shards = self.shard_of(ids)
+        _, first = np.unique(shards, return_index=True)
+        self.fetcher.schedule([int(shards[i]) for i in np.sort(first)])
+
+    def _template(self, leaf: str) -> np.ndarray:
+        """One real column of ``leaf`` (its dtype and row shape), from the first non-empty shard."""
+        template = self._templates.get(leaf)
+        if template is None:
+            k = next((k for k, e in enumerate(self._entries) if e["rows"]), 0)
+            with self._lock:
+                template = self._map(k).segments(leaf)[0]
+            self._templates[leaf] = template = template[:0]
+        return template
+
+    def _not_mapped(self, k: int, leaf: str) -> ShardNotMappedError:
+        return ShardNotMappedError(f"{self.store.where(self._entries[k]['file'])}: leaf {leaf!r} of shard {k} was "
+                                   f"read while the shard is not mapped (prepare_rows(rows) maps it)")
+
+    def segment(self, leaf: str, k: int) -> Any:
+        """Shard ``k``'s column of fixed-size ``leaf`` (ShardNotMappedError when shard ``k`` is not mapped)."""
+        with self._lock:
+            column = self._columns.get((k, leaf))
+            if column is None:
+                shard = self._mapped.get(k)
+                if shard is None:
+                    raise self._not_mapped(k, leaf)
+                column = self._columns[(k, leaf)] = shard.segments(leaf)[0]
+            return column
+
+    def segments(self, leaf: str) -> list[Any]:
+        """Every shard's column of ``leaf`` (ShardNotMappedError unless every non-empty shard is mapped)."""
+        rows = self._meta.segment_rows
+        with self._lock:
+            return [self.segment(leaf, k) if rows[k] else self._template(leaf) for k in range(len(rows))]
+
+    def columns(self, leaves: list[str], rows: Any) -> tuple[dict[str, list[Any]], np.ndarray]:
+        """The columns a batch of ``rows`` reads: for each leaf, the columns of the shards holding ``rows``
+        (ascending shard order), and ``rows`` as int64 positions in their concatenation.
+
+        ShardNotMappedError when one of those shards is not mapped (``prepare_rows(rows)`` maps them)."""
+        return self._gather(leaves, *self._locate(rows))
+
+    def batch_columns(self, leaves: list[str], rows: Any) -> tuple[dict[str, list[Any]], np.ndarray]:
+        """What a batch does: ``prepare_rows(rows)`` then ``columns(leaves, rows)``, the rows located once.
+
+        The lists returned may be the same objects batch after batch (read them, do not change them)."""
+        whole = self._whole_columns(leaves)
+        if whole is not None:
+            return whole, np.ascontiguousarray(rows, dtype=np.int64)
+        ids, shard, used = self._locate(rows)
+        self._prepare(used)
+        return self._gather(leaves, ids, shard, used)
+
+    def _all_mapped(self) -> bool:
+        """Whether every shard holding rows is mapped (only those are ever mapped)."""
+        return len(self._mapped) >= len(self._nonempty)
+
+    def _whole_columns(self, leaves: list[str]) -> dict[str, list[Any]] | None:
+        """Every non-empty shard's columns when all of them are mapped, else None.
+
+        A warm cache that holds the whole dataset ends up with every shard mapped, and then nothing is
+        unmapped again (only more than ``max_mapped`` maps are). A batch then reads the columns as a local
+        dataset's are read, its rows as they are: nothing to locate or map batch by batch."""
+        with self._lock:
+            if not self._all_mapped():
+                return None
+            key = tuple(leaves)
+            found = self._whole.get(key)
+            if found is None:
+                found = self._whole[key] = {leaf: [self.segment(leaf, k) for k in self._nonempty] for leaf in leaves}
+            return found
+
+    def _gather(self, leaves: list[str], ids: np.ndarray, shard: np.ndarray,
+                used: np.ndarray) -> tuple[dict[str, list[Any]], np.ndarray]:
+        shards = used.tolist()
+        with self._lock:
+            found = {leaf: [self.segment(leaf, k) for k in shards] for leaf in leaves}
+        counts = self._counts[used]
+        # Row r of shard k sits at r - starts[k] + (rows of the used shards before k) in the concatenation.
+        shift = np.zeros(self._counts.shape[0], dtype=np.int64)
+        shift[used] = np.cumsum(counts) - counts - self._starts[used]
+        return found, ids + shift[shard]
+
+    def layout(self) -> _Layout:
+        """A stand-in of this dataset for binding columns (shapes, dtypes, rows per shard): see the module
+        docstring. Its arrays are never read for samples."""
+        return _Layout(self)
+
+    def verify_rows(self, rows: list[int], leaves: list[str] | None = None) -> None:
+        """``tbl_format.Dataset.verify_rows`` shard by shard (the shards are mapped first)."""
+        ids = np.asarray(rows, dtype=np.int64)
+        shards = self.shard_of(ids)
+        with self._lock:
+            for k in np.unique(shards).tolist():
+                local = (ids[shards == k] - self._starts[k]).tolist()
+                self._map(int(k)).verify_rows(local, leaves)
+
+    def ensure_all(self) -> Path:
+        """Download every shard into the cache; the local dataset path (the folder, or the one file).
+
+        The whole dataset must fit ``cache_limit`` (CacheFullError otherwise): what is
+        returned is then read as an ordinary local dataset.
+        """
+        total = sum(e.get("size") or 0 for e in self._entries)
+        if self.cache.limit is not None and total > self.cache.limit:
+            raise CacheFullError(f"{self.url}: the whole dataset ({total} bytes) does not fit cache_limit "
+                                 f"({self.cache.limit} bytes); raise the limit, or stream it with ImageLoader")
+        for k in range(len(self._entries)):
+            self._prefetch(k)
+        return self.local_dir / self._entries[0]["file"] if self._single else self.local_dir
+
+    @property
+    def mapped_shards(self) -> list[int]:
+        return list(self._mapped)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.fetcher.close()
+        with self._lock:
+            self._columns.clear()
+            self._whole.clear()
+            self._prepared = []
+            for shard in self._mapped.values():
+                shard.close()
+            self._mapped.clear()
+        self._meta.close()
+
+    def __enter__(self) -> RemoteDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Layout:
+    """A remote dataset's schema, leaves and column shapes, for ``ImageSpec.bind``: each shard's column is an
+    array of the right shape and dtype made by ``np.zeros`` (calloc: address space, no memory), never read.
+    The loaders read a remote dataset through ``RemoteDataset.columns`` only."""
+
+    def __init__(self, remote: RemoteDataset) -> None:
+        self.leaf_paths = remote.leaf_paths
+        self.schema = remote.schema
+        self.metadata = remote.metadata
+        self._remote = remote
+
+    def segments(self, leaf: str) -> list[np.ndarray]:
+        template = self._remote._template(leaf)
+        return [np.zeros((rows, *template.shape[1:]), dtype=template.dtype) for rows in self._remote.segment_rows]
+
+
+def _file_list(name: str) -> bytes:
+    import json
+
+    return json.dumps({"shards": [{"file": name}]}).encode("utf-8")
+
+
+def open_remote(url: str, **options: Any) -> RemoteDataset:
+    """A :class:`RemoteDataset` for ``url`` (keywords as its constructor's)."""
+    return RemoteDataset(url, **options)
+
+
+def materialize(url: str, **options: Any) -> Path:
+    """The whole dataset at ``url`` in the local cache (downloaded as needed); its local path.
+
+    The resolver of ``tbl inspect URL`` / ``tbl verify URL`` (entry point group
+    ``tbl.url_resolvers``), and what ``PyTreeDataset(URL)`` reads. The store is
+    configured by its standard environment variables when ``storage_options``
+    is not given.
+    """
+    with RemoteDataset(url, **options) as remote:
+        return remote.ensure_all()

@@ -1,0 +1,245 @@
+"""Token streams: a 1-D token column over shards, served as ``(B, T + 1)`` windows for language-model pretraining.
+
+Storage (written by :func:`write_tokens`). The stream of ``N`` tokens is cut
+into rows of ``chunk`` tokens: leaf ``"tokens"``, a fixed-shape array
+``(chunk,)`` of an unsigned integer dtype, so each shard's column
+``(rows, chunk)`` is, read flat, a zero-copy slice of the stream; leaf
+``"length"`` (int) the tokens used in the row (``chunk``, except in the last
+row, whose rest is zeros). Metadata::
+
+    {"tokens": {"chunk": chunk, "dtype": "uint16", "eos": id or null}}
+
+Any tokenizer's integer output can be written (no tokenizer dependency):
+:func:`write_tokens` takes an iterable of documents (sequences or arrays of
+ints), appends ``eos`` after each when given, checks that every id fits the
+dtype, and writes shards of ``shard_tokens`` tokens (rounded to whole chunks).
+
+Windows (:class:`TokenLoader`). With ``T = seq_len``, window ``j`` of epoch
+``e`` holds tokens ``[o_e + j * T, o_e + j * T + T + 1)``: consecutive windows
+overlap by one token, so ``x = w[:, :-1]``, ``y = w[:, 1:]`` cover every
+next-token pair once. The offset ``o_e`` is
+``hash_u64(seed, e, TAG_TOKEN_OFFSET, 0) % T`` (0 with ``shuffle=False``),
+so every epoch cuts the stream at other places; the number of windows is
+``W = (N - T) // T`` in every epoch (whatever the offset, each window fits).
+Window order, rank split, ``drop_last``, ``state_dict`` / resume (also with
+another world size or batch size) and prefetch are those of every loader: a
+:class:`~tbl_loader.stream.StreamCursor` over the ``W`` windows, shuffled by the
+epoch permutation, and a :class:`~tbl_loader.host.HostPipeline` whose producer thread
+copies each window from the mapped shards into the batch buffer (a window
+that crosses a shard boundary is copied in two parts).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+import tbl_format
+
+from ..errors import TokenError
+from ..host.output import HostArray, OutputSpec, allocate_host
+from ..host.pipeline import HostLoader, HostPipeline
+from ..stream import order
+from ..stream.cursor import StreamCursor, StreamOptions
+from ..stream.order import BatchPlan
+from ..stream.subset import resolve_rows
+
+__all__ = ["TAG_TOKEN_OFFSET", "TOKEN_DTYPES", "TokenLoader", "window_offset", "write_tokens"]
+
+TAG_TOKEN_OFFSET = 68
+"""Stream tag of the per-epoch window offset (tags below 64 are :mod:`tbl_loader.stream.order`'s)."""
+
+TOKEN_DTYPES = ("uint8", "uint16", "uint32", "uint64")
+_LEAF = "tokens"
+_LENGTH = "length"  # tokens used in the row: chunk, except in the last row
+
+
+def write_tokens(documents: Iterable[Any], dst: str | os.PathLike[str], *, dtype: str = "uint16",
+                 eos: int | None = None, chunk: int = 65536, shard_tokens: int = 1 << 26,
+                 overwrite: bool = False, metadata: dict[str, Any] | None = None) -> Any:
+    """Write the concatenation of ``documents`` (each a sequence of token ids) as a token dataset at ``dst``.
+
+    ``eos``: appended after every document. ``chunk``: tokens per row. ``shard_tokens``: tokens
+    per shard file (a directory of shards is always written). Returns ``dst``. Raises
+    :class:`TokenError` naming the document and the id that does not fit ``dtype``.
+    """
+    if dtype not in TOKEN_DTYPES:
+        raise TokenError(f"dtype must be one of {TOKEN_DTYPES}, got {dtype!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise TokenError(f"chunk must be an int >= 1, got {chunk!r}")
+    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
+        raise TokenError(f"shard_tokens must be an int >= 1, got {shard_tokens!r}")
+    dt = np.dtype(dtype)
+    top = int(np.iinfo(dt).max)
+    if eos is not None and not (isinstance(eos, (int, np.integer)) and 0 <= int(eos) <= top):
+        raise TokenError(f"eos must be an int in [0, {top}] for {dtype}, got {eos!r}")
+    schema = tbl_format.Schema({_LEAF: tbl_format.Leaf("array", dtype=dtype, shape=(chunk,)),
+                                _LENGTH: tbl_format.Leaf("int")})
+    info = {"chunk": chunk, "dtype": dtype, "eos": None if eos is None else int(eos)}
+
+    def checked(k: int, doc: Any) -> np.ndarray:
+        ids = np.asarray(doc)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TokenError(f"document {k}: token ids must be a 1-D sequence of ints, got {ids.dtype} {ids.shape}")
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > top):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise TokenError(f"document {k}: token id {bad} does not fit {dtype} (0..{top})")
+        return ids.astype(dt, copy=False)
+
+    def rows() -> Any:
+        """Rows of ``chunk`` tokens, streamed (memory: one chunk); the last one padded with zeros."""
+        pending = np.zeros(chunk, dt)
+        filled, wrote_any = 0, False
+        for k, doc in enumerate(documents):
+            ids = checked(k, doc)
+            if eos is not None:
+                ids = np.concatenate([ids, np.array([eos], dt)])
+            at = 0
+            while at < ids.shape[0]:
+                take = min(chunk - filled, ids.shape[0] - at)
+                pending[filled : filled + take] = ids[at : at + take]
+                filled += take
+                at += take
+                if filled == chunk:
+                    yield {_LEAF: pending.copy(), _LENGTH: chunk}
+                    filled, wrote_any = 0, True
+        if filled:
+            pending[filled:] = 0
+            yield {_LEAF: pending, _LENGTH: filled}
+        elif not wrote_any:
+            raise TokenError("no tokens to write")  # inside the write: nothing is published
+
+    meta = {**(metadata or {}), "tokens": info}
+    return tbl_format.write(rows(), dst, schema=schema, metadata=meta, shard_rows=max(1, shard_tokens // chunk),
+                            overwrite=overwrite)
+
+
+def window_offset(seed: int, epoch: int, seq_len: int, shuffle: bool = True) -> int:
+    """The first window's start in epoch ``epoch`` (see the module docstring)."""
+    if not shuffle:
+        return 0
+    return int(order.hash_u64(seed, epoch, TAG_TOKEN_OFFSET, np.zeros(1, np.uint64))[0] % np.uint64(seq_len))
+
+
+class _TokenSource:
+    """Fills ring slots with windows; holds the flat shard columns, never the loader.
+
+    Each window is one slice assignment from its shard into the batch buffer, widened to the
+    output dtype by that same copy (no temporary); a window that crosses into the next shard
+    is copied in parts. Shard bounds are kept as Python ints and the epoch's offset is hashed
+    once per epoch, so the per-window Python work is a few integer operations.
+    """
+
+    def __init__(self, flats: list[np.ndarray], seq_len: int, seed: int, shuffle: bool, out_dtype: np.dtype) -> None:
+        self.flats = flats
+        sizes = np.array([f.shape[0] for f in flats], np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.ends = self.starts + sizes
+        self._starts = self.starts.tolist()
+        self._ends = self.ends.tolist()
+        self.seq_len = seq_len
+        self.seed = seed
+        self.shuffle = shuffle
+        self.out_dtype = out_dtype
+        self._offset: tuple[int, int] | None = None  # (epoch, window_offset of that epoch)
+
+    def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
+        return {"tokens": allocate_host((capacity, self.seq_len + 1), self.out_dtype, output)}
+
+    def offset(self, epoch: int) -> int:
+        if self._offset is None or self._offset[0] != epoch:
+            self._offset = (epoch, window_offset(self.seed, epoch, self.seq_len, self.shuffle))
+        return self._offset[1]
+
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
+        t = self.seq_len
+        width = t + 1
+        out = buffers["tokens"]
+        begin = self.offset(plan.epoch) + plan.sample_ids.astype(np.int64) * t
+        shard = np.searchsorted(self.starts, begin, side="right") - 1
+        flats, starts, ends = self.flats, self._starts, self._ends
+        for b, (s, k) in enumerate(zip(begin.tolist(), shard.tolist(), strict=True)):
+            if s + width <= ends[k]:
+                local = s - starts[k]
+                out[b] = flats[k][local : local + width]
+            else:  # crosses into the next shard(s)
+                at, pos, kk = 0, s, k
+                while at < width:
+                    take = min(ends[kk] - pos, width - at)
+                    out[b, at : at + take] = flats[kk][pos - starts[kk] : pos - starts[kk] + take]
+                    at += take
+                    pos += take
+                    kk += 1
+
+
+class TokenLoader(HostLoader):
+    """Batches of ``(B, seq_len + 1)`` token windows from a token dataset (see the module docstring).
+
+    ``dtype``: output dtype (default: the stored one; ``"int64"`` / ``"int32"`` convert while
+    copying). ``shuffle`` (window order and per-epoch offset), ``seed``, ``drop_last``, ``rank`` /
+    ``world_size``, ``padding``, ``prefetch``, ``backend``, ``device``, ``pin_memory``: as in
+    ImageLoader. ``rows`` / ``subsample``: a subset of the window numbers ``0 .. W - 1``
+    (:mod:`tbl_loader.stream.subset`; e.g. a held-out range of the stream). Batches are the
+    ``(B, T + 1)`` arrays / tensors themselves.
+    """
+
+    def __init__(self, path: Any, batch_size: int, seq_len: int, *, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, dtype: str | None = None, rank: int | None = None,
+                 world_size: int | None = None, padding: str = "wrap", prefetch: int = 2,
+                 backend: str | None = None, device: Any = None, pin_memory: bool = False, rows: Any = None,
+                 subsample: float | None = None) -> None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise TokenError(f"seq_len must be an int >= 1, got {seq_len!r}")
+        options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+                                world_size=world_size, padding=padding)
+        output = OutputSpec.create(backend, device, pin_memory)
+        dataset = tbl_format.open(path)
+        try:
+            info = dataset.metadata.get("tokens")
+            if _LEAF not in dataset.leaf_paths or not isinstance(info, dict):
+                raise TokenError(f"{path}: not a token dataset (write it with tbl_loader.write_tokens)")
+            flats = [seg.reshape(-1) for seg in dataset.segments(_LEAF) if seg.shape[0]]
+            lengths = np.concatenate([seg for seg in dataset.segments(_LENGTH) if seg.shape[0]])
+            chunk = int(info["chunk"])
+            # Only the last row may be partial: anything else is not a stream this module wrote.
+            if lengths.shape[0] == 0 or np.any(lengths[:-1] != chunk) or not 0 < lengths[-1] <= chunk:
+                raise TokenError(f"{path}: rows must hold {chunk} tokens each, but for the last")
+            count = int(lengths.sum())
+            flats = _trim(flats, count)
+            windows = (count - seq_len) // seq_len
+            if windows < 1:
+                raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
+            out_dtype = np.dtype(dtype) if dtype is not None else flats[0].dtype
+            if out_dtype.kind not in "iu":
+                raise TokenError(f"dtype must be an integer dtype, got {dtype!r}")
+            subset = resolve_rows(windows, rows, subsample)  # a subset of the windows (same in every epoch)
+            cursor = StreamCursor(windows if subset is None else subset.shape[0], options,
+                                  dataset_fingerprint=dataset.fingerprint,
+                                  settings={"tokens": {"seq_len": seq_len}}, rows=subset)
+            source = _TokenSource(flats, seq_len, options.seed, options.shuffle, out_dtype)
+            pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
+                                    closers=[dataset.close])
+        except BaseException:
+            dataset.close()
+            raise
+        self._compose(cursor, pipeline)
+        self.dataset = dataset
+        self.seq_len = seq_len
+        self.num_tokens = count
+
+    def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Any:
+        return outputs["tokens"]
+
+
+def _trim(flats: list[np.ndarray], count: int) -> list[np.ndarray]:
+    """The shard columns cut to the stream's ``count`` tokens (the last row's padding dropped)."""
+    out, left = [], count
+    for f in flats:
+        if left <= 0:
+            break
+        out.append(f[:left])
+        left -= f.shape[0]
+    return out

@@ -1,0 +1,107 @@
+"""tbl-loader's sub-packages by axis, and the import rule between them, checked from the sources.
+
+Serving (stream, host, source, image, pytree, tokens, mix) never imports the
+conversion (``tbl_loader.conversion``) or the Ray engine: a training process
+loads neither Pillow's conversion rule nor multiprocessing pools it does not
+use, and conversion can change without touching what serves. Within serving,
+each axis imports only the axes below it: the stream knows no pixels and no
+threads, the host pipeline knows no sample kind, and so on.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tbl_loader
+
+PKG = Path(tbl_loader.__file__).parent
+
+# What each part of tbl_loader may import of tbl_loader (besides itself). "errors", "_kernels" and
+# "version" are leaves every part may use.
+LEAVES = {"errors", "_kernels", "version"}
+ALLOWED = {
+    "stream": set(),
+    "host": {"stream"},
+    "source": {"stream"},
+    "pytree": {"stream", "host", "source"},
+    "image": {"stream", "host", "source", "pytree"},
+    "tokens": {"stream", "host", "source"},
+    "mix": {"stream", "host", "source", "pytree", "image", "tokens"},
+    "conversion": {"stream", "host", "source", "image", "pytree"},
+    "ray": {"conversion", "source"},
+    "__init__": {"stream", "host", "source", "pytree", "image", "tokens", "mix", "conversion"},
+    "cli": {"conversion", "ray", "source"},
+}
+SERVING = {"stream", "host", "source", "pytree", "image", "tokens", "mix"}
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imported_parts(path: Path, text: str | None = None) -> list[tuple[str, int]]:
+    """The tbl_loader parts a file imports (module level and inside functions), with line numbers."""
+    rel = path.relative_to(PKG)
+    package = list(rel.parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text, filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                if not node.module:  # from . import a, b: each name is a part or a module of this package
+                    found += [((target + [a.name])[0], node.lineno) for a in node.names]
+                    continue
+            elif node.module and node.module.split(".")[0] == "tbl_loader":
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            if target:
+                found.append((target[0], node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "tbl_loader" and len(parts) > 1:
+                    found.append((parts[1], node.lineno))
+    return found
+
+
+FILES = sorted(PKG.rglob("*.py"))
+
+
+def test_every_module_lives_in_an_axis():
+    loose = sorted(p.name for p in PKG.glob("*.py"))
+    assert loose == ["__init__.py", "_kernels.py", "cli.py", "errors.py", "mix.py", "version.py"], loose
+    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "stream", "host", "source", "image", "pytree", "tokens", "conversion", "ray"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(PKG)) for p in FILES])
+def test_imports_follow_the_axes(path):
+    part = _part(path)
+    if part in LEAVES:
+        allowed = set()
+    else:
+        allowed = ALLOWED[part]
+    bad = [f"line {line}: {part} imports {target}" for target, line in _imported_parts(path)
+           if target != part and target not in LEAVES and target not in allowed]
+    assert not bad, f"{path.relative_to(PKG)}: " + "; ".join(bad)
+
+
+def test_serving_never_imports_conversion():
+    bad = [f"{p.relative_to(PKG)}:{line}" for p in FILES if _part(p) in SERVING
+           for target, line in _imported_parts(p) if target in {"conversion", "ray"}]
+    assert not bad, bad
+
+
+def test_the_rule_catches_a_violation():
+    # The checker itself: a serving module importing the conversion is seen, relative or absolute, at
+    # module level or inside a function.
+    probe = PKG / "image" / "probe.py"
+    for text in ("from ..conversion import convert\n", "import tbl_loader.conversion.images\n",
+                 "def f():\n    from ..conversion.decode import MODES\n", "from .. import conversion\n"):
+        assert [target for target, _ in _imported_parts(probe, text)] == ["conversion"], text
