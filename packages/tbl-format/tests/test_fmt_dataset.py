@@ -66,6 +66,55 @@ def test_evicted_shards_release_their_descriptors_without_gc(tmp_path):
         ds.close()
 
 
+class _MoveIn:
+    """A fetch_shard hook: shard files live in a store folder and are copied beside the manifest on demand."""
+
+    def __init__(self, store, folder, files):
+        self.store, self.folder, self.files, self.calls = store, folder, files, []
+
+    def __call__(self, k):
+        self.calls.append(k)
+        target = self.folder / self.files[k]
+        if not target.exists():
+            target.write_bytes((self.store / self.files[k]).read_bytes())
+        return target
+
+
+def _split_store(tmp_path):
+    """A 10-shard dataset whose shard files are moved out to a store folder (only the manifest stays)."""
+    d = tf.write(rows(0, 40), tmp_path / "ds", shard_rows=4)
+    files = [e["file"] for e in tf.open(d).shard_entries]
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in files:
+        (d / name).rename(store / name)
+    return d, store, files
+
+
+def test_fetch_shard_makes_only_the_touched_shards_present(tmp_path):
+    d, store, files = _split_store(tmp_path)
+    hook = _MoveIn(store, d, files)
+    ds = tf.open(d, max_open=2, fetch_shard=hook)
+    assert hook.calls == [] and len(ds) == 40  # opening reads the manifest only
+    assert ds[13]["i"] == 13 and ds[37]["i"] == 37
+    assert hook.calls == [3, 9]
+    assert sorted(p.name for p in d.iterdir() if p.name != "manifest.json") == [files[3], files[9]]
+    # The copy is checked against the manifest like any shard: a stray file is refused by name.
+    (d / files[5]).write_bytes((store / files[6]).read_bytes())
+    with pytest.raises(tf.ManifestMismatchError, match=files[5]):
+        ds[21]
+    # Pickled, the hook travels with the dataset.
+    (d / files[5]).unlink()
+    ds2 = pickle.loads(pickle.dumps(ds))
+    assert ds2[21]["i"] == 21 and ds2._fetch_shard.calls[-1] == 5
+
+
+def test_fetch_shard_needs_a_dataset_directory(tmp_path):
+    f = tf.write(rows(0, 4), tmp_path / "one.tbl")
+    with pytest.raises(ValueError, match="fetch_shard needs a dataset directory"):
+        tf.open(f, fetch_shard=lambda k: f)
+
+
 def test_pickle_directory_dataset(tmp_path):
     ds = tf.open(tf.write(rows(0, 10), tmp_path / "ds", shard_rows=3))
     ds2 = pickle.loads(pickle.dumps(ds))

@@ -23,7 +23,7 @@ import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from operator import index as _index
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,20 @@ _CHUNK_MAX_ROWS = 4096
 __all__ = ["DEFAULT_MAX_OPEN", "Dataset", "open"]
 
 
-def open(path: str | os.PathLike[str], *, verify: bool = False, max_open: int = DEFAULT_MAX_OPEN) -> Dataset:
-    """Open a .tbl file, a TBL v2 file or a dataset directory; validates headers now (and every checksum if verify)."""
-    ds = Dataset(path, verify=verify, max_open=max_open)
+FetchShard = Callable[[int], "str | os.PathLike[str]"]
+"""``fetch_shard(k)``: make shard ``k`` of a dataset directory present and return its file's path."""
+
+
+def open(path: str | os.PathLike[str], *, verify: bool = False, max_open: int = DEFAULT_MAX_OPEN,
+         fetch_shard: FetchShard | None = None) -> Dataset:
+    """Open a .tbl file, a TBL v2 file or a dataset directory; validates headers now (and every checksum if verify).
+
+    ``fetch_shard`` (a dataset directory only): called with a shard's index each time the
+    shard is opened, before it is mapped; it returns the path of the shard's file, which it
+    may have just made (a cache of a remote dataset downloads it). The file is then checked
+    against the manifest like any shard. Without it, shards are the files beside the manifest.
+    """
+    ds = Dataset(path, verify=verify, max_open=max_open, fetch_shard=fetch_shard)
     ds._open()
     return ds
 
@@ -62,8 +73,8 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _restore(path: str, fingerprint: str, max_open: int) -> Dataset:
-    return Dataset(path, max_open=max_open, expect_fingerprint=fingerprint)
+def _restore(path: str, fingerprint: str, max_open: int, fetch_shard: FetchShard | None = None) -> Dataset:
+    return Dataset(path, max_open=max_open, expect_fingerprint=fingerprint, fetch_shard=fetch_shard)
 
 
 class Dataset:
@@ -83,6 +94,7 @@ class Dataset:
         verify: bool = False,
         max_open: int = DEFAULT_MAX_OPEN,
         expect_fingerprint: str | None = None,
+        fetch_shard: FetchShard | None = None,
     ) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
@@ -90,6 +102,7 @@ class Dataset:
         self._verify_at_open = verify
         self._max_open = max_open
         self._expect = expect_fingerprint
+        self._fetch_shard = fetch_shard
         self._opened = False
         self._get = self._lazy_get
         self._lock = threading.RLock()
@@ -106,6 +119,8 @@ class Dataset:
             self._manifest_stat = _identity(m["stat"])
             self._single = False
         else:
+            if self._fetch_shard is not None:
+                raise ValueError(f"{self.path}: fetch_shard needs a dataset directory (a manifest), not one file")
             shard = open_file(self.path, verify=self._verify_at_open)
             self._schema, self._metadata = shard.schema, shard.metadata
             self._entries = [{"file": self.path.name, "rows": shard.rows, "header_crc32": shard.header_crc32}]
@@ -164,7 +179,8 @@ class Dataset:
         where = f"{self._files[k]}"
         try:
             try:
-                shard = open_file(self._files[k])
+                path = self._files[k] if self._fetch_shard is None else Path(self._fetch_shard(k))
+                shard = open_file(path)
             except OSError as exc:
                 raise MissingShardError(f"{where}: cannot open the shard the manifest lists: "
                                         f"{exc.strerror or exc}") from None
@@ -320,6 +336,11 @@ class Dataset:
         return [dict(e) for e in self._entries]
 
     @property
+    def max_open(self) -> int:
+        """The most shard files this dataset holds open (mapped) at once."""
+        return self._max_open
+
+    @property
     def open_shards(self) -> int:
         """Shard files this dataset holds open right now (never more than ``max_open``)."""
         return len(self._shards) if self._opened else 0
@@ -434,7 +455,7 @@ class Dataset:
     def __reduce__(self) -> Any:
         # A copy that was never opened passes its expected fingerprint on without mapping anything.
         fingerprint = self._expect if not self._opened and self._expect else self.schema.fingerprint
-        return _restore, (str(self.path), fingerprint, self._max_open)
+        return _restore, (str(self.path), fingerprint, self._max_open, self._fetch_shard)
 
     def __repr__(self) -> str:
         if not self._opened:

@@ -288,11 +288,12 @@ class RowSource:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, *, max_open: int = DEFAULT_MAX_OPEN, verify: bool = False,
-                 dataset: Any = None) -> None:
+                 dataset: Any = None, own_dataset: bool = False) -> None:
         if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
             raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
-        # dataset: an open tbl_format.Dataset to read instead of opening ``path`` (closed by its owner).
-        self._owned = dataset is None
+        # dataset: an open tbl_format.Dataset to read instead of opening ``path`` (closed by its owner,
+        # this source when own_dataset).
+        self._owned = dataset is None or own_dataset
         if dataset is None:
             dataset = tbl_format.open(path, max_open=max_open, verify=verify)
         try:

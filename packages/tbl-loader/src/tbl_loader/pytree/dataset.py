@@ -20,6 +20,7 @@ descriptors or LRU state. At most ``max_open`` shards are mapped per process.
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Iterator, Sequence
@@ -158,13 +159,16 @@ class PyTreeDataset:
         rows: Any = None,
         subsample: float | None = None,
     ) -> None:
-        if is_url(path):  # random access reads any shard: the whole dataset comes into the cache
-            from ..source.remote import materialize
+        # A URL streams through the local shard cache: a read maps (downloading first) just the shards
+        # it needs. The opener is a picklable partial, so a DataLoader worker opens its own client.
+        self._open_remote: Any = None
+        if is_url(path):
+            from ..source.remote import open_streaming
 
             self.url = path
-            path = materialize(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                               verify_data=verify)
-        self.path = Path(path)
+            self._open_remote = functools.partial(open_streaming, path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                                  storage_options=storage_options, verify_data=bool(verify))
+        self.path = path if is_url(path) else Path(path)
         self._leaves = None if leaves is None else list(leaves)
         self._var = var
         self._copy_arrays = bool(copy_arrays)
@@ -190,7 +194,11 @@ class PyTreeDataset:
     def _open(self) -> RowSource:
         # Always a fresh tbl_format.open (never a reopen of a closed Dataset): the contents are
         # checked against the fingerprint taken at creation before any row is served.
-        source = RowSource(self.path, max_open=self._max_open, verify=self._verify)
+        if self._open_remote is not None:
+            dataset = self._open_remote()
+            source = RowSource(None, dataset=dataset, own_dataset=True, max_open=min(self._max_open, dataset.max_open))
+        else:
+            source = RowSource(self.path, max_open=self._max_open, verify=self._verify)
         try:
             expected = getattr(self, "_fingerprint", None)
             if expected is not None and source.fingerprint != expected:

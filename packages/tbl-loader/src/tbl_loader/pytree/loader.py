@@ -112,16 +112,18 @@ class PyTreeLoader(HostLoader):
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-        if is_url(path):  # the whole dataset comes into the shard cache, as for PyTreeDataset
-            from ..source.remote import materialize
-
-            path = materialize(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                               verify_data=verify_mode(verify) == "open")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
-        source = RowSource(path, max_open=max_open, verify=verify == "open")
+        if is_url(path):  # streamed through the local shard cache: each batch maps the shards it reads
+            from ..source.remote import open_streaming
+
+            dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                     storage_options=storage_options, verify_data=verify == "open")
+            source = RowSource(None, dataset=dataset, own_dataset=True, max_open=min(max_open, dataset.max_open))
+        else:
+            source = RowSource(path, max_open=max_open, verify=verify == "open")
         try:
             collator = Collator(source.schema, leaves, var)
             subset = resolve_rows(source.num_rows, rows, subsample)

@@ -31,6 +31,7 @@ arrays of the right shapes; the loaders never keep them for reading. A single
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -45,7 +46,7 @@ from .cache import ShardCache
 from .fetcher import Fetcher
 from .storage import open_store
 
-__all__ = ["RemoteDataset", "materialize", "open_remote"]
+__all__ = ["RemoteDataset", "RemoteShards", "materialize", "open_remote", "open_streaming"]
 
 MANIFEST = "manifest.json"
 
@@ -353,3 +354,71 @@ def materialize(url: str, **options: Any) -> Path:
     """
     with RemoteDataset(url, **options) as remote:
         return remote.ensure_all()
+
+
+class RemoteShards:
+    """The ``fetch_shard`` hook of a dataset at a URL: shard ``k``'s file in the local cache, downloaded if needed.
+
+    With it, ``tbl_format.open(cache folder, fetch_shard=..., max_open=...)`` reads a remote
+    dataset exactly as a local one (Mosaic's model: a remote fills a local directory): every
+    row, column or heap read maps the shard it needs, downloading it first, and the dataset's
+    own bound on open shards keeps the maps within what the cache holds. Picklable and
+    fork-safe: the storage client and the cache handle are made in the process that first
+    fetches (a storage client does not survive fork), so DataLoader workers under fork, spawn
+    or forkserver each open their own.
+    """
+
+    def __init__(self, url: str, local_dir: Path, entries: list[dict[str, Any]], *, cache_dir: Any,
+                 cache_limit: Any, storage_options: dict[str, Any] | None, verify_data: bool) -> None:
+        self.url = url
+        self.local_dir = Path(local_dir)
+        self.entries = [dict(e) for e in entries]
+        self.cache_dir, self.cache_limit = cache_dir, cache_limit
+        self.storage_options = storage_options
+        self.verify_data = bool(verify_data)
+        self._pid: int | None = None
+        self._store: Any = None
+        self._cache: ShardCache | None = None
+        self._lock = threading.Lock()
+
+    def _clients(self) -> tuple[Any, ShardCache]:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._cache = ShardCache(self.cache_dir, self.cache_limit)
+                self._store = open_store(self.url, self.storage_options)
+                self._pid = os.getpid()
+            return self._store, self._cache
+
+    @property
+    def cache(self) -> ShardCache:
+        return self._clients()[1]
+
+    def __call__(self, k: int) -> Path:
+        store, cache = self._clients()
+        return cache.fetch(store, self.local_dir, self.entries[k], verify_data=self.verify_data)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_pid=None, _store=None, _cache=None, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def open_streaming(url: str, *, cache_dir: Any = None, cache_limit: Any = None,
+                   storage_options: dict[str, Any] | None = None, verify_data: bool = False) -> tbl_format.Dataset:
+    """The dataset at ``url`` as a ``tbl_format.Dataset`` over the local cache, each shard fetched when first read.
+
+    The manifest is read from the store now (every time: a republished dataset is seen as
+    such); no shard is downloaded until a read needs it, and at most as many shards stay
+    mapped as ``cache_limit`` holds. A single ``.tbl`` file at a URL is downloaded whole.
+    """
+    with RemoteDataset(url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                       verify_data=verify_data, lookahead=0) as remote:
+        if remote._single:
+            return tbl_format.open(remote.local_dir / remote._entries[0]["file"])
+        hook = RemoteShards(url, remote.local_dir, remote.shard_entries, cache_dir=cache_dir, cache_limit=cache_limit,
+                            storage_options=storage_options, verify_data=verify_data)
+        return tbl_format.open(remote.local_dir, max_open=remote.max_mapped, fetch_shard=hook)
