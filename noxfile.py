@@ -33,7 +33,9 @@ ROOT = Path(__file__).parent
 PKG = ROOT / "packages"
 # The one torch requirement of every session; TBL_TORCH_SPEC overrides it (see the docstring).
 TORCH = os.environ.get("TBL_TORCH_SPEC", "torch==2.13.0")
-TEST_DEPS = ["pytest>=8", "hypothesis>=6"]
+TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"]
+# Test processes per pytest run (pytest-xdist's -n): one per core by default; TBL_TEST_WORKERS=0 runs in-process.
+TEST_WORKERS = os.environ.get("TBL_TEST_WORKERS", "auto")
 REMOTE_TEST_DEPS = ["moto[server]>=5"]  # the loopback S3 server of tbl-loader's remote tests
 
 # Order matters: each package after the ones it depends on.
@@ -50,7 +52,8 @@ def _install_packages(session: nox.Session, names: list[str], *extra: str) -> No
 
 def _pytest(session: nox.Session, *paths: str) -> None:
     """Run pytest; exit status 5 (nothing collected) is not a failure, any other is."""
-    args = ["-q", "-p", "no:cacheprovider", *paths, *session.posargs]
+    workers = [] if TEST_WORKERS == "0" else ["-n", TEST_WORKERS]
+    args = ["-q", "-p", "no:cacheprovider", *workers, *paths, *session.posargs]
     session.run("python", "-m", "pytest", *args, success_codes=[0, 5])
 
 
