@@ -118,3 +118,85 @@ def test_a_pickled_url_dataset_opens_its_own_client(s3_server, local_rows, rows_
     remote.close()
     copy.close()
     local.close()
+
+
+# ---- variable-size JPEG images with fields ---------------------------------------------------------
+
+JPEG_ROWS = 160
+JPEG_SHARD_ROWS = 10  # 16 shards
+
+
+@pytest.fixture(scope="module")
+def local_jpeg(tmp_path_factory):
+    simplejpeg = pytest.importorskip("simplejpeg")
+    rng = np.random.default_rng(5)
+    schema = tbl_format.Schema({"image": tbl_format.Leaf("encoded_image", format="jpeg"),
+                                "height": tbl_format.Leaf("int"), "width": tbl_format.Leaf("int"),
+                                "label": tbl_format.Leaf("int"), "caption": tbl_format.Leaf("str"),
+                                "boxes": tbl_format.Leaf("var_array", dtype="float32", ndim=2)})
+    path = tmp_path_factory.mktemp("jpeg") / "jpeg"
+    with tbl_format.Writer(path, schema, shard_rows=JPEG_SHARD_ROWS) as w:
+        for i in range(JPEG_ROWS):
+            h, wd = (int(v) for v in rng.integers(24, 90, 2))
+            y, x = np.mgrid[0:h, 0:wd]
+            img = ((rng.integers(0, 256, 3) + 3 * y[..., None] + 2 * x[..., None]) % 256).astype(np.uint8)
+            w.write({"image": simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=90, colorspace="RGB"),
+                     "height": h, "width": wd, "label": i, "caption": f"photo {i}",
+                     "boxes": rng.random((int(rng.integers(0, 4)), 4), dtype=np.float32)})
+    return path
+
+
+@pytest.fixture(scope="module")
+def jpeg_url(s3_server, local_jpeg):
+    from tbl_loader import upload_dataset
+
+    url = f"s3://{s3_server.new_bucket()}/jpeg/"
+    upload_dataset(local_jpeg, url, storage_options=s3_server.storage_options)
+    return url
+
+
+def _image_stream(loader, batches=None):
+    out = []
+    it = iter(loader)
+    for b in (it if batches is None else (next(it) for _ in range(batches))):
+        out.append((np.array(b.images), np.array(b.labels), np.array(b.indices), b.fields["caption"],
+                    [np.array(x) for x in b.fields["boxes"]]))
+    return out
+
+
+def _assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g[:3], w[:3], strict=True):
+            assert np.array_equal(a, b)
+        assert g[3] == w[3]
+        assert all(np.array_equal(a, b) for a, b in zip(g[4], w[4], strict=True))
+
+
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_variable_jpeg_loader_with_fields_streams_within_a_quarter_cache(s3_server, local_jpeg, jpeg_url, tmp_path,
+                                                                           shuffle):
+    from tbl_loader import ImageLoader, RandomResizedCrop
+
+    sizes = _shard_bytes(local_jpeg)
+    limit = sum(sizes) // 4
+    opts = dict(batch_size=16, shuffle=shuffle, seed=3, hflip=0.5, backend="numpy", fields=("caption", "boxes"),
+                random_resized_crop=RandomResizedCrop(20, scale=(0.3, 1.0)))
+    with ImageLoader(local_jpeg, **opts) as a:
+        want = _image_stream(a)
+    with ImageLoader(jpeg_url, cache_dir=tmp_path, cache_limit=limit, storage_options=s3_server.storage_options,
+                     **opts) as b:
+        got = _image_stream(b)
+        hook = b.dataset._fetch_shard
+        assert hook.cache.size() <= limit
+    _assert_same(got, want)
+    # Resumed mid-epoch from the URL: the rest of the same stream.
+    with ImageLoader(jpeg_url, cache_dir=tmp_path, cache_limit=limit, storage_options=s3_server.storage_options,
+                     **opts) as first:
+        head = _image_stream(first, batches=3)
+        state = first.state_dict()
+    with ImageLoader(jpeg_url, cache_dir=tmp_path, cache_limit=limit, storage_options=s3_server.storage_options,
+                     **opts) as resumed:
+        resumed.load_state_dict(state)
+        tail = _image_stream(resumed)
+    _assert_same(head + tail, want)

@@ -309,11 +309,13 @@ class ImageLoader(HostLoader):
             if verify == "open" and closers == [] and callable(getattr(dataset, "verify", None)):
                 dataset.verify()  # the caller's dataset: check it here, once
             variable = variable_source.is_variable(dataset, spec.image_key)  # tbl convert --max-size
-            if callable(getattr(dataset, "ensure_all", None)) and (variable or fields):
-                # A URL whose rows are read through heaps (variable-size images, extra fields), which a
-                # streaming remote dataset does not map: the whole dataset is cached first
-                # (CacheFullError if cache_limit cannot hold it) and read as the local copy.
-                dataset = tbl_format.open(dataset.ensure_all(), verify=verify == "open", max_open=_EVERY_SHARD)
+            if is_url(path) and (variable or fields):
+                # Rows read through heaps (variable-size images, extra fields) stream as a tbl_format.Dataset
+                # over the shard cache: each read maps, downloading first, the shard it needs.
+                from ..source.remote import open_streaming
+
+                dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                         storage_options=storage_options, verify_data=verify == "open")
                 closers.insert(0, dataset.close)
             lazy = dataset.verify_rows if verify == "lazy" else None
             if variable:

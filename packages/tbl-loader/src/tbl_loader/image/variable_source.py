@@ -83,8 +83,10 @@ class VariableColumns:
 
 
 def _concat(dataset: Any, key: str) -> np.ndarray:
-    segments = [np.asarray(s) for s in dataset.segments(key)]
-    return np.concatenate(segments).astype(np.int64, copy=False) if segments else np.empty(0, np.int64)
+    """Column ``key`` of every shard as one int64 array, copied shard by shard: no shard's map is held after
+    its rows are copied (a dataset streamed from a URL keeps only what its cache holds mapped)."""
+    parts = [np.array(dataset.shard(k).column(key), dtype=np.int64) for k in range(len(dataset.segment_rows))]
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
 def bind_variable(spec: ImageSpec, dataset: Any) -> VariableColumns:
@@ -127,10 +129,10 @@ def bind_variable(spec: ImageSpec, dataset: Any) -> VariableColumns:
                              "pass resize= to scale the shorter side first")
     labels = None
     if spec.label_key in leaves:
-        labels = [s for s in dataset.segments(spec.label_key) if s.shape[0] > 0]
-        for k, seg in enumerate(labels):
-            if seg.dtype != np.int64 or seg.ndim != 1 or not seg.flags.c_contiguous:
-                raise ValueError(f"leaf {spec.label_key!r} segment {k} must be a contiguous int64 (rows,) array")
+        label_leaf = leaves[spec.label_key]
+        if label_leaf.kind != "int" or label_leaf.optional:
+            raise ValueError(f"leaf {spec.label_key!r} must be an int64 scalar per row, got {label_leaf}")
+        labels = [_concat(dataset, spec.label_key)]  # 8 bytes a row, copied: no map held for the labels
     return VariableColumns(store, heights, widths, labels, channels, out_hw)
 
 

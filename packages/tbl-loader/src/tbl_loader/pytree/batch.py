@@ -306,7 +306,9 @@ class RowSource:
                 dataset.close()
             raise
         self.dataset = dataset
-        self.max_open = max_open
+        # Never more shards at once than the dataset itself keeps open (a dataset streamed from a URL
+        # bounds its maps by what the cache holds).
+        self.max_open = max_open = min(max_open, dataset.max_open)
         self.num_rows = sum(rows)
         self._rows = np.asarray(rows, dtype=np.int64)
         self._starts = np.cumsum(self._rows) - self._rows
