@@ -18,13 +18,14 @@ import tbl_kernels
 from tbl_kernels import reference as kref
 from tbl_loader import ImageLoader, RandomResizedCrop
 from tbl_loader.errors import ImageGeometryError, StateMismatchError
-from tbl_loader.image.spec import fit_windows, resized_center_crop_boxes, resized_center_crop_windows
+from tbl_loader.image.spec import ImageSpec, fit_windows, resized_center_crop_windows
 from tbl_loader.stream import order
 
 N = 45
 SEED = 11
 CROP = RandomResizedCrop(16, scale=(0.2, 1.0))
 PER_SAMPLE = hasattr(tbl_kernels, "crop_resize_images")  # tbl-kernels 0.2; the oldest kernels the pin admits lack it
+needs_per_sample = pytest.mark.skipif(not PER_SAMPLE, reason="needs tbl-kernels 0.2 (resize_crop_images)")
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "uint8": np.uint8}
 
 
@@ -166,40 +167,45 @@ def test_fit_windows_keeps_windows_inside_after_scaling():
     assert fitted[0, 0] + fitted[0, 2] <= 50.0 and 10.0 - 1e-12 < fitted[0, 0] < 10.0 and fitted[0, 2] == size
 
 
-def test_evaluation_rule_is_in_the_fingerprint_and_random_crop_states_still_resume(raw_path, monkeypatch):
+def _saved_by_previous_rule(monkeypatch, path, **kw):
+    """A state saved under the previous evaluation rule: stream settings without ``eval_rule``."""
+    current = ImageSpec.stream_settings
+
+    def previous(self):
+        settings = current(self)
+        settings.pop("eval_rule", None)
+        return settings
+
+    with monkeypatch.context() as m:
+        m.setattr(ImageSpec, "stream_settings", previous)
+        with loader(path, 8, **kw) as ld:
+            next(iter(ld))
+            return ld.state_dict()
+
+
+@needs_per_sample
+@pytest.mark.parametrize("storage", ["variable", "fixed"])
+def test_evaluation_rule_is_in_the_fingerprint_and_random_crop_states_still_resume(raw_path, dataset_path,
+                                                                                    monkeypatch, storage):
     """A state saved by the previous rule (settings without the evaluation rule) no longer resumes the
-    evaluation transform, and still resumes random-crop streams, whose settings did not change."""
-    from tbl_loader.image import variable_source
-
-    def saved_by_previous_rule(**kw):
-        with monkeypatch.context() as m:
-            m.setattr(variable_source, "stream_settings", lambda columns, spec=None: {"variable": columns.store})
-            with loader(raw_path, 8, **kw) as ld:
-                next(iter(ld))
-                return ld.state_dict()
-
-    evaluation = {"random_resized_crop": None, "center_crop": 10, "resize": 12}
-    old = saved_by_previous_rule(**evaluation)
-    with loader(raw_path, 8, **evaluation) as ld, pytest.raises(StateMismatchError, match="settings"):
+    evaluation transform, on either storage, and still resumes random-crop streams, whose settings did not change."""
+    path = raw_path if storage == "variable" else dataset_path
+    evaluation = {"random_resized_crop": None, "center_crop": 6, "resize": 7}
+    old = _saved_by_previous_rule(monkeypatch, path, **evaluation)
+    with loader(path, 8, **evaluation) as ld, pytest.raises(StateMismatchError, match="eval_rule"):
         ld.load_state_dict(old)
-    old = saved_by_previous_rule(hflip=0.5)
-    with loader(raw_path, 8, hflip=0.5) as ld:
+    old = _saved_by_previous_rule(monkeypatch, path, hflip=0.5)
+    with loader(path, 8, hflip=0.5) as ld:
         ld.load_state_dict(old)
         assert ld.state_dict() == old
 
 
-def test_resized_center_crop_boxes_rule():
-    # shorter side 100 resized to 50: a 40-pixel crop covers 80 source pixels, centred
-    assert resized_center_crop_boxes([100], [150], 50, 40, 40).tolist() == [[10, 35, 80, 80]]
-    # 7 * 33 / 20 = 11.55 -> 12; never more than the side; offsets round half to even as torchvision
-    assert resized_center_crop_boxes([33], [40], 20, 7, 20).tolist() == [[10, 4, 12, 33]]  # 10.5 -> 10, 3.5 -> 4
+def test_resize_goes_with_center_crop():
     with pytest.raises(ValueError, match="resize goes with center_crop"):
-        ImageLoader.__init__  # noqa: B018 (the spec check runs before any file is opened)
-        from tbl_loader.image import ImageSpec
-
         ImageSpec(resize=10)
 
 
+@needs_per_sample
 def test_fixed_size_dataset_takes_the_evaluation_transform_too(dataset_path):
     with ImageLoader(dataset_path, 16, backend="numpy", center_crop=6, resize=7, shuffle=False,
                      dtype="uint8") as ld:
@@ -208,10 +214,29 @@ def test_fixed_size_dataset_takes_the_evaluation_transform_too(dataset_path):
         stored = np.concatenate([np.asarray(s) for s in ds.segments("image")])
         ds.close()
     h, w = stored.shape[1:3]
-    box = resized_center_crop_boxes([h], [w], 7, 6, 6)
+    windows = np.repeat(resized_center_crop_windows([h], [w], 7, 6, 6), len(ids), axis=0)
     want = np.empty((len(ids), 3, 6, 6), np.uint8)
-    kref.gather_crop_resize([stored], ids, np.repeat(box, len(ids), axis=0), want, None, None, "CHW")
+    kref.resize_crop_images([stored[i] for i in ids], windows, want, None, None, "CHW")
     assert np.array_equal(got, want)
+
+
+@needs_per_sample
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+@pytest.mark.parametrize("hflip", [0.0, 0.5])
+def test_evaluation_transform_is_the_same_on_fixed_and_variable_storage(tmp_path, dtype, hflip):
+    """The same 256x256 pixels stored once in a fixed-size column and once as variable-size raw rows:
+    ``resize=224, center_crop=192`` gives identical outputs (one rule, torchvision's geometry)."""
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (12, 256, 256, 3), dtype=np.uint8)
+    fixed = tbl_format.write(({"image": im, "label": np.int64(i)} for i, im in enumerate(images)),
+                             tmp_path / "fixed", shard_rows=5)
+    variable = write_raw(tmp_path / "variable", list(images), shard_rows=5)
+    kw = dict(batch_size=5, shuffle=True, seed=2, backend="numpy", hflip=hflip, dtype=dtype, resize=224,
+              center_crop=192)
+    with ImageLoader(fixed, **kw) as a, ImageLoader(variable, **kw) as b:
+        for x, y in zip(a, b, strict=True):
+            assert np.array_equal(np.asarray(x.indices), np.asarray(y.indices))
+            assert np.array_equal(np.asarray(x.images), np.asarray(y.images))
 
 
 def test_same_stream_every_way(raw_path, tmp_path, var_images):
@@ -297,6 +322,11 @@ def test_kernels_without_crop_resize_images_name_the_pip_command(tmp_path, var_i
         monkeypatch.setattr(k, "kernels", Old())
     with pytest.raises(KernelsFeatureError, match="pip install"):
         loader(path)
+    # The evaluation transform takes the same per-sample call on fixed-size storage too.
+    fixed = tbl_format.write(({"image": np.full((9, 9, 3), i, np.uint8), "label": np.int64(i)} for i in range(4)),
+                             tmp_path / "f.tbl")
+    with pytest.raises(KernelsFeatureError, match="pip install"):
+        ImageLoader(fixed, 2, backend="numpy", center_crop=6, resize=7)
 
 
 def test_resident_loader_refuses_variable_images_by_name(tmp_path, var_images):

@@ -24,7 +24,7 @@ import numpy as np
 
 import tbl_format
 
-from .._kernels import kernels
+from .._kernels import kernels, per_sample_kernels
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
@@ -49,6 +49,13 @@ __all__ = ["Batch", "ImageLoader"]
 # touch most shards in every batch, so a bound below the shard count re-opened (re-parsed) shards batch
 # after batch: 2.6x slower on a 300-shard JPEG dataset in the global order.
 _EVERY_SHARD = sys.maxsize
+
+
+def _row_views(segments: list[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:
+    """Each of ``rows`` (positions in the segments' concatenation) as a view of its segment: ``(H, W, C)``."""
+    starts = np.cumsum([0] + [s.shape[0] for s in segments])
+    which = np.searchsorted(starts, rows, side="right") - 1
+    return [segments[k][r - starts[k]] for k, r in zip(which.tolist(), rows.tolist(), strict=True)]
 
 
 def _label_rows(seg: np.ndarray) -> np.ndarray:
@@ -86,6 +93,10 @@ class _ImageSource:
         self.hflip = spec.hflip
         self.crop = spec.random_resized_crop
         self.center_box = columns.center_box
+        # The evaluation transform (resize + center_crop): one window on every image, resized as torchvision
+        # resizes the whole image then crops (resize_crop_images, the same call as for variable-size rows).
+        self.center_window = columns.center_window
+        self.resize_crop = None if self.center_window is None else per_sample_kernels().resize_crop_images
         self.out_shape = columns.out_shape(spec.layout)
         self.dtype = spec.dtype
         self.layout = spec.layout
@@ -183,6 +194,10 @@ class _ImageSource:
             kernels.gather_crop_resize(images, rows, boxes, out, self.table, flip, self.layout)
         elif self.center_box is not None:
             kernels.gather_crop_resize(images, rows, self._center_boxes[:n], out, self.table, flip, self.layout)
+        elif self.center_window is not None:
+            windows = np.broadcast_to(self.center_window, (n, 4))
+            self.resize_crop(_row_views(images, rows), np.ascontiguousarray(windows), out, self.table,
+                             None if flip is None else flip.view(np.uint8), self.layout)
         elif self.table is None:
             kernels.gather_u8(images, rows, out, flip, self.layout)
         else:
@@ -324,7 +339,7 @@ class ImageLoader(HostLoader):
                     raise ValueError("several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
                 variable_source.check_jpeg_dct(jpeg_dct, columns)
-                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec),
+                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns),
                             **variable_source.jpeg_dct_settings(jpeg_dct)}
             else:  # a remote dataset binds through its layout: shapes only, no shard is read for it
                 variable_source.check_jpeg_dct(jpeg_dct, None)

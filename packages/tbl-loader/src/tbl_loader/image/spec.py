@@ -28,7 +28,7 @@ __all__ = [
     "ImageColumns",
     "ImageSpec",
     "RandomResizedCrop",
-    "resized_center_crop_boxes",
+    "EVAL_RULE",
     "resized_center_crop_windows",
     "view_seed",
 ]
@@ -47,30 +47,10 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYOUTS = ("CHW", "HWC")
 VARIABLE_IMAGE_KINDS = ("var_array", "encoded_image")  # leaf kinds of `tbl convert --max-size` images
-
-
-def resized_center_crop_boxes(height, width, resize: int, crop_h: int, crop_w: int) -> np.ndarray:
-    """int32 ``(n, 4)`` boxes of torchvision's ``Resize(resize)`` + ``CenterCrop((crop_h, crop_w))`` on each image.
-
-    The shorter side S of an ``height x width`` image is scaled to ``resize``,
-    so the output's ``crop_h x crop_w`` centre covers ``crop_h * S / resize`` by
-    ``crop_w * S / resize`` source pixels. The box is that size rounded to the
-    nearest pixel (half up, integer arithmetic: ``(2 * crop * S + resize) // (2 * resize)``,
-    at least 1, at most the side), centred as torchvision's CenterCrop centres:
-    ``top = round((height - box_h) / 2)``, half to even.
-    The one crop-resize of this box differs from resizing the whole image and
-    then cropping by the sub-pixel rounding of the box (see the README).
-    """
-    h = np.asarray(height, dtype=np.int64).reshape(-1)
-    w = np.asarray(width, dtype=np.int64).reshape(-1)
-    if h.size and (h.min() < 1 or w.min() < 1):
-        raise ValueError("image sizes must be positive")
-    short = np.minimum(h, w)
-    bh = np.clip((2 * crop_h * short + resize) // (2 * resize), 1, h)
-    bw = np.clip((2 * crop_w * short + resize) // (2 * resize), 1, w)
-    top = np.rint((h - bh) / 2.0).astype(np.int64)  # torchvision's CenterCrop offset (round half to even)
-    left = np.rint((w - bw) / 2.0).astype(np.int64)
-    return np.stack([top, left, bh, bw], axis=1).astype(np.int32)
+EVAL_RULE = "resize-crop"
+"""The evaluation transform's rule, fingerprinted with it: torchvision's ``Resize`` of the whole image, then its
+``CenterCrop``, for every storage (`resized_center_crop_windows`). A state saved under the earlier rule (a
+rounded box crop-resized, on fixed-size storage) refuses to resume instead of continuing with other pixels."""
 
 
 def resized_center_crop_windows(height, width, resize: int, crop_h: int, crop_w: int) -> np.ndarray:
@@ -150,7 +130,8 @@ class ImageColumns:
     ``images``: uint8 ``(rows, H, W, C)`` segments, one per shard, all alike and
     C-contiguous; ``labels``: int64 ``(rows,)`` segments or None; ``out_hw``: the
     served height and width; ``center_box``: the fixed ``(top, left, h, w)``
-    crop (int32) of a center crop, else None.
+    crop (int32) of a center crop without resize, else None; ``center_window``: the float64
+    ``(top, left, h, w)`` window of the evaluation transform (``resize`` + ``center_crop``), else None.
     """
 
     images: list[np.ndarray]
@@ -161,6 +142,7 @@ class ImageColumns:
     out_hw: tuple[int, int]
     center_box: np.ndarray | None
     label_field: bool = False  # a label leaf that is not int64 (rows,): served through the extra-field path
+    center_window: np.ndarray | None = None
 
     @property
     def num_samples(self) -> int:
@@ -185,7 +167,7 @@ class ImageSpec:
     (int or (h, w): the centred box of that size, no resize) set the output
     size, otherwise the stored size. ``resize`` (an int R, with ``center_crop``):
     the evaluation transform, shorter side resized to R then the centred
-    ``center_crop``, as one crop-resize (`resized_center_crop_boxes`). ``dtype``: ``"float32"``, ``"float16"``,
+    ``center_crop``, exactly torchvision's geometry on every storage (`resized_center_crop_windows`). ``dtype``: ``"float32"``, ``"float16"``,
     ``"bfloat16"`` or ``"uint8"``. ``layout``: ``"CHW"`` or ``"HWC"``.
     ``image_key`` / ``label_key``: the leaves holding the image and the label.
     Multi-crop: ``random_resized_crop`` may be a list of :class:`RandomResizedCrop`
@@ -264,6 +246,8 @@ class ImageSpec:
             if self.resize is not None:
                 crop["resize"] = self.resize
         settings = {"hflip": self.hflip, "crop": crop, "image_key": self.image_key, "label_key": self.label_key}
+        if self.resize is not None and self.random_resized_crop is None:
+            settings["eval_rule"] = EVAL_RULE
         if self.extra_crops:  # only when set: states of single-view loaders keep their fingerprint
             settings["extra_crops"] = [c.describe() for c in self.extra_crops]
         return settings
@@ -287,7 +271,7 @@ class ImageSpec:
             raise ValueError(
                 f"mean and std need one value per channel ({channels}), got {len(self.mean)} and {len(self.std)}"
             )
-        center_box = None
+        center_box = center_window = None
         if self.random_resized_crop is not None:
             out_hw = self.random_resized_crop.output_size
         elif self.center_crop is not None:
@@ -295,10 +279,10 @@ class ImageSpec:
             if self.resize is None:
                 center_box = order.center_crop_box(height, width, *out_hw)
             else:
-                center_box = resized_center_crop_boxes(np.array([height]), np.array([width]), self.resize, *out_hw)[0]
+                center_window = resized_center_crop_windows([height], [width], self.resize, *out_hw)[0]
         else:
             out_hw = (height, width)
-        return ImageColumns(images, labels, height, width, channels, out_hw, center_box, label_field)
+        return ImageColumns(images, labels, height, width, channels, out_hw, center_box, label_field, center_window)
 
 
 def _columns(dataset: Any, image_key: str, label_key: str,

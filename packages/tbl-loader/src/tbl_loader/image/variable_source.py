@@ -136,11 +136,6 @@ def bind_variable(spec: ImageSpec, dataset: Any) -> VariableColumns:
     return VariableColumns(store, heights, widths, labels, channels, out_hw)
 
 
-EVAL_RULE = "resize-crop"
-"""Fingerprinted with the evaluation transform: it resizes the whole image, then crops (before, it resized a
-rounded box), so a state saved under the old rule refuses to resume instead of continuing with other pixels."""
-
-
 def check_jpeg_dct(jpeg_dct: Any, columns: VariableColumns | None) -> str:
     """``jpeg_dct`` checked (`tbl_loader.image.jpeg.check_dct`); ``"fast"`` only where JPEG rows are
     decoded at serve time (``columns``: None for a fixed-size dataset), never silently ignored."""
@@ -157,14 +152,12 @@ def jpeg_dct_settings(jpeg_dct: str) -> dict[str, Any]:
     return {} if jpeg_dct == "accurate" else {"jpeg_dct": jpeg_dct}
 
 
-def stream_settings(columns: VariableColumns, spec: ImageSpec | None = None) -> dict[str, Any]:
-    """What besides the ImageSpec changes this stream: the serve-time decoder (its version changes pixels)
-    and, for the evaluation transform, its resampling rule."""
+def stream_settings(columns: VariableColumns) -> dict[str, Any]:
+    """What besides the ImageSpec changes this stream: the serve-time decoder (its version changes pixels).
+    (The evaluation transform's rule is in ``ImageSpec.stream_settings``, the same for every storage.)"""
     settings: dict[str, Any] = {"variable": columns.store}
     if columns.store == "jpeg":
         settings["decoder"] = decoder_info()
-    if spec is not None and _evaluation(spec):
-        settings["eval_rule"] = EVAL_RULE
     return settings
 
 
