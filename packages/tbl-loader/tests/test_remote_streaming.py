@@ -200,3 +200,59 @@ def test_variable_jpeg_loader_with_fields_streams_within_a_quarter_cache(s3_serv
         resumed.load_state_dict(state)
         tail = _image_stream(resumed)
     _assert_same(head + tail, want)
+
+
+# ---- token streams --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_tokens(tmp_path_factory):
+    from tbl_loader import write_tokens
+
+    rng = np.random.default_rng(9)
+    docs = [rng.integers(0, 60_000, int(rng.integers(50, 400)), dtype=np.int64) for _ in range(300)]
+    return write_tokens(docs, tmp_path_factory.mktemp("tok") / "tok", eos=0, chunk=256, shard_tokens=4096)
+
+
+@pytest.fixture(scope="module")
+def tokens_url(s3_server, local_tokens):
+    from tbl_loader import upload_dataset
+
+    url = f"s3://{s3_server.new_bucket()}/tok/"
+    upload_dataset(local_tokens, url, storage_options=s3_server.storage_options)
+    return url
+
+
+def test_token_loader_streams_from_a_url(s3_server, local_tokens, tokens_url, tmp_path):
+    from tbl_loader import TokenLoader
+
+    sizes = _shard_bytes(local_tokens)
+    assert len(sizes) >= 12
+    remote_opts = dict(cache_dir=tmp_path, cache_limit=sum(sizes) // 4, storage_options=s3_server.storage_options)
+    opts = dict(batch_size=8, seq_len=100, seed=6, backend="numpy")
+    with TokenLoader(local_tokens, **opts) as a, TokenLoader(tokens_url, **opts, **remote_opts) as b:
+        for epoch in range(2):
+            a.set_epoch(epoch)
+            b.set_epoch(epoch)
+            for x, y in zip(a, b, strict=True):
+                assert np.array_equal(x, y)
+        assert b.dataset._fetch_shard.cache.size() <= remote_opts["cache_limit"]
+    # Windows of the first shards only (rows=): only those shards are downloaded.
+    first = 4096 // 100 - 2  # windows that end inside the first shard, whatever the epoch's offset
+    with TokenLoader(tokens_url, **opts, rows=range(first), cache_dir=tmp_path / "fresh",
+                     storage_options=s3_server.storage_options) as c:
+        list(c)
+        hook = c.dataset._fetch_shard
+        assert hook.cache.downloads == 1 + 1  # the window shard, and the last shard (the stream's length)
+    # Resumed mid-epoch from the URL: the rest of the same stream.
+    with TokenLoader(local_tokens, **opts) as straight:
+        want = [np.array(x) for x in straight]
+    with TokenLoader(tokens_url, **opts, **remote_opts) as first_run:
+        it = iter(first_run)
+        head = [np.array(next(it)) for _ in range(3)]
+        state = first_run.state_dict()
+    with TokenLoader(tokens_url, **opts, **remote_opts) as resumed:
+        resumed.load_state_dict(state)
+        tail = [np.array(x) for x in resumed]
+    assert len(head + tail) == len(want)
+    assert all(np.array_equal(x, y) for x, y in zip(head + tail, want, strict=True))

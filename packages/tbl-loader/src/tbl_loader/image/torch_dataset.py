@@ -200,18 +200,11 @@ class ImageDataset:
     def _open(self) -> Any:
         if not is_url(self.path):
             return tbl_format.open(self.path)
-        from ..source.remote import RemoteDataset
+        from ..source.remote import RemoteDataset, open_streaming
 
-        remote = RemoteDataset(self.path, **self.remote_options)
-        if not self.fields:
-            return remote
-        # Extra fields are read through heaps, which a streaming remote dataset does not map: the whole
-        # dataset is cached first (CacheFullError if cache_limit cannot hold it) and read as the local copy,
-        # as ImageLoader does.
-        try:
-            return tbl_format.open(remote.ensure_all())
-        finally:
-            remote.close()
+        if self.fields:  # fields are read through heaps: a tbl_format.Dataset over the cache, as ImageLoader reads
+            return open_streaming(self.path, **self.remote_options)
+        return RemoteDataset(self.path, **self.remote_options)
 
     @property
     def dataset(self) -> Any:

@@ -32,6 +32,8 @@ that crosses a shard boundary is copied in two parts).
 from __future__ import annotations
 
 import os
+import sys
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,6 +44,7 @@ import tbl_format
 from ..errors import TokenError
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
+from ..source.storage import is_url
 from ..stream import order
 from ..stream.cursor import StreamCursor, StreamOptions
 from ..stream.order import BatchPlan
@@ -125,21 +128,29 @@ def window_offset(seed: int, epoch: int, seq_len: int, shuffle: bool = True) -> 
 
 
 class _TokenSource:
-    """Fills ring slots with windows; holds the flat shard columns, never the loader.
+    """Fills ring slots with windows; holds the dataset's shards as flat token columns, never the loader.
 
     Each window is one slice assignment from its shard into the batch buffer, widened to the
     output dtype by that same copy (no temporary); a window that crosses into the next shard
-    is copied in parts. Shard bounds are kept as Python ints and the epoch's offset is hashed
-    once per epoch, so the per-window Python work is a few integer operations.
+    is copied in parts. Shard bounds come from the manifest (``rows * chunk`` tokens a shard),
+    so no shard is read before a window needs it: a dataset at a URL downloads only the shards
+    its windows touch, and no more stay mapped than the dataset keeps open. Shard bounds are
+    kept as Python ints and the epoch's offset is hashed once per epoch, so the per-window
+    Python work is a few integer operations.
     """
 
-    def __init__(self, flats: list[np.ndarray], seq_len: int, seed: int, shuffle: bool, out_dtype: np.dtype) -> None:
-        self.flats = flats
-        sizes = np.array([f.shape[0] for f in flats], np.int64)
+    def __init__(self, dataset: Any, chunk: int, count: int, seq_len: int, seed: int, shuffle: bool,
+                 out_dtype: np.dtype) -> None:
+        self.dataset = dataset
+        self.chunk = chunk
+        self.shards = [k for k, rows in enumerate(dataset.segment_rows) if rows]  # the shard of each flat
+        sizes = np.array([dataset.segment_rows[k] * chunk for k in self.shards], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        self.ends = self.starts + sizes
+        self.ends = np.minimum(self.starts + sizes, count)  # the last row's padding is not the stream's
         self._starts = self.starts.tolist()
         self._ends = self.ends.tolist()
+        self._flats: OrderedDict[int, np.ndarray] = OrderedDict()  # flat index -> its shard's token column
+        self._keep = max(1, dataset.max_open)
         self.seq_len = seq_len
         self.seed = seed
         self.shuffle = shuffle
@@ -154,22 +165,39 @@ class _TokenSource:
             self._offset = (epoch, window_offset(self.seed, epoch, self.seq_len, self.shuffle))
         return self._offset[1]
 
+    def flat(self, i: int) -> np.ndarray:
+        """Flat ``i``'s tokens (its shard mapped, fetched first for a URL); its row lengths checked then."""
+        found = self._flats.get(i)
+        if found is not None:
+            self._flats.move_to_end(i)
+            return found
+        shard = self.dataset.shard(self.shards[i])
+        lengths = shard.column(_LENGTH)
+        full = lengths[:-1] if i == len(self.shards) - 1 else lengths
+        if np.any(full != self.chunk):  # only the stream's last row may be partial
+            raise TokenError(f"{self.dataset.path}: rows must hold {self.chunk} tokens each, but for the last")
+        flat = shard.column(_LEAF).reshape(-1)
+        self._flats[i] = flat
+        while len(self._flats) > self._keep:  # no more views (and so maps) than the dataset keeps open
+            self._flats.popitem(last=False)
+        return flat
+
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
         t = self.seq_len
         width = t + 1
         out = buffers["tokens"]
         begin = self.offset(plan.epoch) + plan.sample_ids.astype(np.int64) * t
         shard = np.searchsorted(self.starts, begin, side="right") - 1
-        flats, starts, ends = self.flats, self._starts, self._ends
+        flat, starts, ends = self.flat, self._starts, self._ends
         for b, (s, k) in enumerate(zip(begin.tolist(), shard.tolist(), strict=True)):
             if s + width <= ends[k]:
                 local = s - starts[k]
-                out[b] = flats[k][local : local + width]
+                out[b] = flat(k)[local : local + width]
             else:  # crosses into the next shard(s)
                 at, pos, kk = 0, s, k
                 while at < width:
                     take = min(ends[kk] - pos, width - at)
-                    out[b, at : at + take] = flats[kk][pos - starts[kk] : pos - starts[kk] + take]
+                    out[b, at : at + take] = flat(kk)[pos - starts[kk] : pos - starts[kk] + take]
                     at += take
                     pos += take
                     kk += 1
@@ -183,43 +211,51 @@ class TokenLoader(HostLoader):
     ``world_size``, ``padding``, ``prefetch``, ``backend``, ``device``, ``pin_memory``: as in
     ImageLoader. ``rows`` / ``subsample``: a subset of the window numbers ``0 .. W - 1``
     (:mod:`tbl_loader.stream.subset`; e.g. a held-out range of the stream). Batches are the
-    ``(B, T + 1)`` arrays / tensors themselves.
+    ``(B, T + 1)`` arrays / tensors themselves. ``path`` may be a URL (``s3://...``; the remote
+    extra): the windows read shards through the local shard cache (``cache_dir``, ``cache_limit``,
+    ``storage_options``), downloading only the shards they touch.
     """
 
     def __init__(self, path: Any, batch_size: int, seq_len: int, *, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, dtype: str | None = None, rank: int | None = None,
                  world_size: int | None = None, padding: str = "wrap", prefetch: int = 2,
                  backend: str | None = None, device: Any = None, pin_memory: bool = False, rows: Any = None,
-                 subsample: float | None = None) -> None:
+                 subsample: float | None = None, cache_dir: Any = None, cache_limit: Any = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise TokenError(f"seq_len must be an int >= 1, got {seq_len!r}")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
-        dataset = tbl_format.open(path)
+        if is_url(path):  # streamed through the local shard cache: windows map the shards they read
+            from ..source.remote import open_streaming
+
+            dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                     storage_options=storage_options)
+        else:  # every shard a window reads stays open: windows in random order touch all of them every epoch
+            dataset = tbl_format.open(path, max_open=sys.maxsize)
         try:
             info = dataset.metadata.get("tokens")
             if _LEAF not in dataset.leaf_paths or not isinstance(info, dict):
                 raise TokenError(f"{path}: not a token dataset (write it with tbl_loader.write_tokens)")
-            flats = [seg.reshape(-1) for seg in dataset.segments(_LEAF) if seg.shape[0]]
-            lengths = np.concatenate([seg for seg in dataset.segments(_LENGTH) if seg.shape[0]])
             chunk = int(info["chunk"])
-            # Only the last row may be partial: anything else is not a stream this module wrote.
-            if lengths.shape[0] == 0 or np.any(lengths[:-1] != chunk) or not 0 < lengths[-1] <= chunk:
+            nonempty = [k for k, rows in enumerate(dataset.segment_rows) if rows]
+            # The stream's length from the manifest and the last row: only the last shard is read now.
+            last = dataset.shard(nonempty[-1]).column(_LENGTH) if nonempty else np.zeros(1, np.int64)
+            if not 0 < int(last[-1]) <= chunk:
                 raise TokenError(f"{path}: rows must hold {chunk} tokens each, but for the last")
-            count = int(lengths.sum())
-            flats = _trim(flats, count)
+            count = (sum(dataset.segment_rows) - 1) * chunk + int(last[-1])
             windows = (count - seq_len) // seq_len
             if windows < 1:
                 raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
-            out_dtype = np.dtype(dtype) if dtype is not None else flats[0].dtype
+            out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(dataset.schema.leaves[_LEAF].dtype)
             if out_dtype.kind not in "iu":
                 raise TokenError(f"dtype must be an integer dtype, got {dtype!r}")
             subset = resolve_rows(windows, rows, subsample)  # a subset of the windows (same in every epoch)
             cursor = StreamCursor(windows if subset is None else subset.shape[0], options,
                                   dataset_fingerprint=dataset.fingerprint,
                                   settings={"tokens": {"seq_len": seq_len}}, rows=subset)
-            source = _TokenSource(flats, seq_len, options.seed, options.shuffle, out_dtype)
+            source = _TokenSource(dataset, chunk, count, seq_len, options.seed, options.shuffle, out_dtype)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
                                     closers=[dataset.close])
         except BaseException:
@@ -232,14 +268,3 @@ class TokenLoader(HostLoader):
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Any:
         return outputs["tokens"]
-
-
-def _trim(flats: list[np.ndarray], count: int) -> list[np.ndarray]:
-    """The shard columns cut to the stream's ``count`` tokens (the last row's padding dropped)."""
-    out, left = [], count
-    for f in flats:
-        if left <= 0:
-            break
-        out.append(f[:left])
-        left -= f.shape[0]
-    return out
