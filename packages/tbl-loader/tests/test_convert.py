@@ -17,7 +17,7 @@ pytest.importorskip("skimage")
 from convert_images import jpeg_set, truncated_jpeg, variants, write_tar, write_tree
 
 import tbl_format
-from tbl_loader.conversion.cli import register_convert
+from tbl_loader.cli import register_convert
 from tbl_loader.conversion.decode import reference_preprocess
 from tbl_loader.conversion.images import convert, merge_parts, part_range
 from tbl_loader.errors import ImageDecodeError, SourceError
