@@ -132,8 +132,8 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
     import mmap
     import os
 
-    from tbl_loader.image import loader as image_loader
     from tbl_loader.source import advice
+    from tbl_loader.source import local as local_shards
 
     if not hasattr(mmap.mmap, "madvise") or advice._DONTNEED is None or advice._FADV_DONTNEED is None:
         pytest.skip("no madvise / posix_fadvise on this platform")
@@ -154,7 +154,7 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
         fadvised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, option))
         return real_fadvise(fd, offset, length, option)
 
-    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)  # as if it were several times the RAM
+    monkeypatch.setattr(local_shards, "fits_in_memory", lambda nbytes: False)  # as if it were several times the RAM
     monkeypatch.setattr(advice.PageAdvisor, "_release", release)
     monkeypatch.setattr(advice.PageAdvisor, "batch", batch)
     monkeypatch.setattr(advice.os, "posix_fadvise", fadvise)
@@ -180,8 +180,8 @@ def test_page_release_follows_the_block_order(block_ds, monkeypatch):
 
 def test_a_dataset_that_fits_in_memory_keeps_its_page_cache(block_ds, monkeypatch):
     """No release when the image column fits the memory available: the next epoch reads it from memory."""
-    from tbl_loader.image import loader as image_loader
     from tbl_loader.source import advice
+    from tbl_loader.source import local as local_shards
 
     path, _ = block_ds
     assert advice.fits_in_memory(1 << 20) and not advice.fits_in_memory(1 << 62)
@@ -191,12 +191,12 @@ def test_a_dataset_that_fits_in_memory_keeps_its_page_cache(block_ds, monkeypatc
     monkeypatch.setattr(advice.PageAdvisor, "_release", lambda self, k: dropped.append(k))
     with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as loader:
         assert len(list(loader)) == 17
-        assert loader._pipeline.source.advisor is None
+        assert loader.shards._advisor is None
     assert dropped == []
-    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)
+    monkeypatch.setattr(local_shards, "fits_in_memory", lambda nbytes: False)
     with ImageLoader(path, batch_size=8, shuffle="block", backend="numpy") as loader:
         list(loader)
-        assert loader._pipeline.source.advisor is not None
+        assert loader.shards._advisor is not None
     assert dropped and len(set(dropped)) == len(dropped)  # released: each finished shard once
 
 
@@ -210,8 +210,8 @@ def test_block_window_reaches_the_order(block_ds):
 def _read_ahead_run(path, monkeypatch, available, **opts):
     """The stream with the advisor on (memory_available() reporting ``available``), and every read ahead as
     (batch number when asked, file, offset, length)."""
-    from tbl_loader.image import loader as image_loader
     from tbl_loader.source import advice
+    from tbl_loader.source import local as local_shards
 
     reads, current = [], [None]
 
@@ -223,7 +223,7 @@ def _read_ahead_run(path, monkeypatch, available, **opts):
         reads.append((current[0], str(path), offset, length))
         return _orig(self, path, offset, length)
 
-    monkeypatch.setattr(image_loader, "fits_in_memory", lambda nbytes: False)
+    monkeypatch.setattr(local_shards, "fits_in_memory", lambda nbytes: False)
     monkeypatch.setattr(advice, "memory_available", lambda: available)
     monkeypatch.setattr(advice.PageAdvisor, "batch", batch)
     monkeypatch.setattr(advice._ShardReader, "read", read)

@@ -44,13 +44,17 @@ class BatchSource(Protocol):
     """What a loader plugs into :class:`HostPipeline`. Must not reference the loader.
 
     ``allocate(capacity, output)`` returns one ring slot's named host buffers, each
-    with ``capacity`` rows. ``fill(buffers, plan)`` writes the samples
-    ``plan.sample_ids`` into the first ``len(plan.sample_ids)`` rows of the kernel
-    views ``buffers`` and returns the batch's payload (any Python object, or None);
-    it runs on the producer thread.
+    with ``capacity`` rows. ``begin_pass(epoch_order)`` learns a pass's order before
+    its first batch is filled (a source that reads ahead schedules it; others do
+    nothing). ``fill(buffers, plan)`` writes the samples ``plan.sample_ids`` into
+    the first ``len(plan.sample_ids)`` rows of the kernel views ``buffers`` and
+    returns the batch's payload (any Python object, or None); it runs on the
+    producer thread.
     """
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]: ...
+
+    def begin_pass(self, epoch_order: Any) -> None: ...
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any: ...
 
@@ -178,9 +182,7 @@ class HostPipeline:
         if started is None:
             return iter(())
         epoch_order, plans = started
-        begin = getattr(self.source, "begin_pass", None)
-        if begin is not None:  # a source that fetches ahead learns the pass's order first
-            begin(epoch_order)
+        self.source.begin_pass(epoch_order)  # a source that reads ahead learns the pass's order first
         # The closures capture locals only (never self): the producer thread must not keep the pipeline alive.
         source, capacity, output, stage = self.source, self.capacity, self.output, self.stage
         if self._ring is None:

@@ -29,7 +29,7 @@ from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
 from ..host.transforms import TransformStage
-from ..source.advice import PageAdvisor, fits_in_memory
+from ..source.local import LocalShards
 from ..source.storage import is_url
 from ..source.verify import verify_mode
 from ..stream import order
@@ -66,29 +66,23 @@ def _label_rows(seg: np.ndarray) -> np.ndarray:
 class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
-    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, verify_rows: Any = None,
-                 fields: FieldReader | None = None, dataset: Any = None, batch_size: int = 1) -> None:
-        # verify_rows(rows, leaves): the dataset's lazy block check (verify="lazy"), else None.
+    def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, shards: Any, verify_rows: Any = None,
+                 fields: FieldReader | None = None, batch_size: int = 1) -> None:
+        # shards: the shard source (tbl_loader.source.local.LocalShards, or a RemoteDataset for a URL): a batch
+        # reads the columns it hands for the batch's rows. verify_rows(rows, leaves): its lazy block check
+        # (verify="lazy"), else None.
+        self.shards = shards
         self.verify_rows = verify_rows
-        # A dataset whose shards come and go (tbl_loader.source.remote) maps a batch's shards first.
-        self.shards = dataset if callable(getattr(dataset, "prepare_rows", None)) else None
         self.image_key, self.label_key = spec.image_key, spec.label_key
-        self.advisor: PageAdvisor | None = None
-        # The files of the non-empty shards, parallel to the image segments (the advisor releases their pages).
-        files, shard_rows = getattr(dataset, "files", None), getattr(dataset, "segment_rows", None)
-        self.files = None if files is None or shard_rows is None else [
-            f for f, r in zip(files, shard_rows, strict=True) if r > 0]
         self.batch_size = batch_size
         self.verified_leaves = [spec.image_key] + ([] if columns.labels is None else [spec.label_key])
         self.fields = fields  # extra leaves (and a label leaf of another kind than int64), or None
         self.label_field = spec.label_key if columns.label_field else None
         if fields is not None:
             self.verified_leaves += [p for p in fields.paths if p not in self.verified_leaves]
-        self.images = columns.images
-        self.labels = None if columns.labels is None else [_label_rows(seg) for seg in columns.labels]
-        self._label_sources: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # see _remote_labels
-        if self.shards is not None:  # a remote dataset's columns come batch by batch (RemoteDataset.columns)
-            self.images, self.labels = [], None if self.labels is None else []
+        self.leaves = [self.image_key] + ([] if columns.labels is None else [self.label_key])
+        self.has_labels = columns.labels is not None
+        self._label_sources: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # see _label_rows_of
         self.seed = seed
         self.hflip = spec.hflip
         self.crop = spec.random_resized_crop
@@ -126,7 +120,7 @@ class _ImageSource:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.dtype, output)}
         for name, _, _, shape in self.extra_views:
             buffers[name] = allocate_host((capacity, *shape), self.dtype, output)
-        if self.labels is not None:
+        if self.has_labels:
             buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
         if self.center_box is not None and (self._center_boxes is None or len(self._center_boxes) < capacity):
             self._center_boxes = np.ascontiguousarray(np.broadcast_to(self.center_box, (capacity, 4)))
@@ -151,23 +145,14 @@ class _ImageSource:
                      views=views, fields=fields)
 
     def begin_pass(self, epoch_order: Any) -> None:
-        if self.shards is not None:  # remote: the fetcher downloads the pass's shards in order
-            self.shards.schedule(epoch_order.indices)
-        elif epoch_order.shuffle == "block":  # local: finished shards leave the page cache (tbl_loader.source.advice)
-            self.close()
-            fits = fits_in_memory(sum(seg.nbytes for seg in self.images))  # then they stay for the next epoch
-            # Else finished shards are released and the next ones read ahead (tbl_loader.source.advice).
-            self.advisor = None if fits else PageAdvisor(self.images, epoch_order.indices, self.batch_size,
-                                                         self.files, read_ahead=True)
+        self.shards.begin_pass(epoch_order, self.image_key, self.batch_size)
 
     def close(self) -> None:
-        if self.advisor is not None:
-            self.advisor.close()
-            self.advisor = None
+        self.shards.end_pass()
 
-    def _remote_labels(self, columns: list[np.ndarray]) -> list[np.ndarray]:
-        """The row sources of a remote batch's label columns; kept while the dataset hands the same list back
-        (a warm cache that maps every shard does, batch after batch)."""
+    def _label_rows_of(self, columns: list[np.ndarray]) -> list[np.ndarray]:
+        """The row sources of a batch's label columns; kept while the shard source hands the same list back
+        (a local dataset's, and a warm cache that maps every shard, batch after batch)."""
         if self._label_sources is None or self._label_sources[0] is not columns:
             self._label_sources = (columns, [_label_rows(s) for s in columns])
         return self._label_sources[1]
@@ -175,14 +160,12 @@ class _ImageSource:
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
         n = ids.shape[0]
-        if self.advisor is not None:
-            self.advisor.batch(plan.number)
-        images, labels, rows = self.images, self.labels, ids  # rows: positions in the columns the kernels read
-        if self.shards is not None:  # remote: only the mapped columns of this batch's shards are ever read
-            leaves = [self.image_key] + ([] if labels is None else [self.label_key])
-            found, rows = self.shards.batch_columns(leaves, ids)  # maps them first (prepare_rows)
-            images = found[self.image_key]
-            labels = None if labels is None else self._remote_labels(found[self.label_key])
+        self.shards.before_batch(plan.number)
+        # Only the columns of this batch's shards are read (a remote source maps them first); rows: the
+        # batch's positions in their concatenation.
+        found, rows = self.shards.batch_columns(self.leaves, ids)
+        images = found[self.image_key]
+        labels = self._label_rows_of(found[self.label_key]) if self.has_labels else None
         if self.verify_rows is not None:
             self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
         out = buffers["images"][:n]
@@ -307,61 +290,40 @@ class ImageLoader(HostLoader):
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
 
-        if is_url(path):  # s3://, gs://, az://, http(s)://: served from the local shard cache
-            from ..source.remote import RemoteDataset
-
-            dataset = RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                    storage_options=storage_options, verify_data=verify == "open")
-            closers = [dataset.close]
-        elif isinstance(path, (str, os.PathLike)):
-            dataset = tbl_format.open(path, verify=verify == "open", max_open=_EVERY_SHARD)
-            closers = [dataset.close]
-        else:
-            dataset, closers = path, []
+        shards, closers = _shard_source(path, verify, cache_dir, cache_limit, storage_options)
+        heaps = None  # the tbl_format.Dataset that heap reads (variable-size images, fields) go through
         try:
-            if verify != "never" and not callable(getattr(dataset, "verify_rows", None)):
-                raise TypeError(f'verify={verify!r} needs a tbl_format.Dataset, got {type(dataset).__name__}')
-            if verify == "open" and closers == [] and callable(getattr(dataset, "verify", None)):
-                dataset.verify()  # the caller's dataset: check it here, once
-            variable = variable_source.is_variable(dataset, spec.image_key)  # tbl convert --max-size
-            if is_url(path) and (variable or fields):
-                # Rows read through heaps (variable-size images, extra fields) stream as a tbl_format.Dataset
-                # over the shard cache: each read maps, downloading first, the shard it needs.
-                from ..source.remote import open_streaming
-
-                dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                         storage_options=storage_options, verify_data=verify == "open")
-                closers.insert(0, dataset.close)
-            lazy = dataset.verify_rows if verify == "lazy" else None
+            variable = variable_source.is_variable(shards, spec.image_key)  # tbl convert --max-size
             if variable:
-                columns = variable_source.bind_variable(spec, dataset)
+                heaps = _heap_dataset(shards, verify, closers)
+            if variable:
+                columns = variable_source.bind_variable(spec, heaps)
                 if spec.extra_crops:
                     raise ValueError("several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
                 variable_source.check_jpeg_dct(jpeg_dct, columns)
                 settings = {**spec.stream_settings(), **variable_source.stream_settings(columns),
                             **variable_source.jpeg_dct_settings(jpeg_dct)}
-            else:  # a remote dataset binds through its layout: shapes only, no shard is read for it
+            else:  # binding reads shapes only: a remote source's layout maps no shard for it
                 variable_source.check_jpeg_dct(jpeg_dct, None)
-                columns = spec.bind(dataset.layout() if hasattr(dataset, "layout") else dataset, any_label=True)
+                columns = spec.bind(shards.layout(), any_label=True)
                 settings = spec.stream_settings()
             subset = resolve_rows(columns.num_samples, rows, subsample)
             cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
-                                  dataset_fingerprint=dataset.fingerprint, settings=settings, rows=subset,
-                                  shard_rows=getattr(dataset, "segment_rows", None))
+                                  dataset_fingerprint=shards.fingerprint, settings=settings, rows=subset,
+                                  shard_rows=shards.segment_rows)
+            field_paths = _field_paths(fields, spec, columns)
+            if field_paths and heaps is None:
+                heaps = _heap_dataset(shards, verify, closers)
+            reader = FieldReader(heaps, field_paths, var) if field_paths else None
             if variable:
-                field_paths = _field_paths(fields, spec, columns)
-                reader = FieldReader(dataset, field_paths, var) if field_paths else None
-                source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads,
+                lazy = heaps.verify_rows if verify == "lazy" else None
+                source = variable_source.VariableImageSource(heaps, columns, spec, options.seed, lazy, num_threads,
                                                              reader, jpeg_dct)
                 closers.insert(0, source.close)  # the decode threads stop before the dataset closes
             else:
-                field_paths = _field_paths(fields, spec, columns)
-                reader = FieldReader(dataset, field_paths, var) if field_paths else None
-                if reader is not None and callable(getattr(dataset, "prepare_rows", None)):
-                    raise ValueError(f"{spec.label_key!r} is not an int64 label: a URL dataset with such labels "
-                                     "is not served yet")
-                source = _ImageSource(columns, spec, options.seed, lazy, reader, dataset, options.batch_size)
+                lazy = shards.verify_rows if verify == "lazy" else None
+                source = _ImageSource(columns, spec, options.seed, shards, lazy, reader, options.batch_size)
                 closers.insert(0, source.close)  # its read-ahead stops before the dataset closes
             host_batch = functools.partial(source.batch, backend=output.backend, torch_device=None)
             stage = TransformStage(host_batch, output, transform, device_transform)
@@ -375,7 +337,12 @@ class ImageLoader(HostLoader):
         self.fields, self.var = tuple(fields or ()), var
         if num_threads is not None:
             kernels.set_num_threads(num_threads)
-        self.dataset = dataset
+        # The dataset read: a tbl_format.Dataset (for a URL's heap reads, one over the shard cache), or the
+        # RemoteDataset of a URL's fixed-size images. The loader's path and remote settings, for ImageDataset.
+        self.dataset = heaps if variable else shards.dataset
+        self.shards = shards
+        self.path = path
+        self.remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options}
         self.spec = spec
         self.image_shape = getattr(columns, "image_shape", None)  # None: images of variable size
         self.has_labels = columns.labels is not None
@@ -396,3 +363,43 @@ def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns | variable_
             raise ValueError(f"{reserved!r} is served as the batch's {'images' if reserved == spec.image_key else 'labels'}"
                              "; fields are the other leaves")
     return paths + ([spec.label_key] if columns.label_field else [])
+
+
+def _shard_source(path: Any, verify: str, cache_dir: Any, cache_limit: Any,
+                  storage_options: dict[str, Any] | None) -> tuple[Any, list[Any]]:
+    """The shard source of ``path`` and what closes it with the loader.
+
+    A URL: a RemoteDataset over the shard cache. A path: LocalShards over ``tbl_format.open``.
+    An open ``tbl_format.Dataset`` or RemoteDataset of the caller's: used as it is, left open."""
+    from ..source.remote import RemoteDataset
+
+    if is_url(path):  # s3://, gs://, az://, http(s)://: served from the local shard cache
+        remote = RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                               verify_data=verify == "open")
+        return remote, [remote.close]
+    if isinstance(path, (str, os.PathLike)):
+        shards = LocalShards(tbl_format.open(path, verify=verify == "open", max_open=_EVERY_SHARD))
+        return shards, [shards.close]
+    if isinstance(path, RemoteDataset):
+        if verify == "open" and not path.verify_data:
+            raise ValueError('verify="open" needs the RemoteDataset made with verify_data=True (its shards are '
+                             "checked as they are downloaded)")
+        return path, []
+    if not isinstance(path, tbl_format.Dataset):
+        raise TypeError(f"path must be a path, a URL, a tbl_format.Dataset or a RemoteDataset, "
+                        f"got {type(path).__name__}")
+    if verify == "open":
+        path.verify()  # the caller's dataset: checked here, once
+    return LocalShards(path, owned=False), []
+
+
+def _heap_dataset(shards: Any, verify: str, closers: list[Any]) -> Any:
+    """The tbl_format.Dataset that variable-size rows and fields are read from: a local source's own, or for a
+    URL one over the same shard cache whose shards are fetched as reads need them (closed first, in ``closers``)."""
+    from ..source.remote import RemoteDataset, open_streaming
+
+    if not isinstance(shards, RemoteDataset):
+        return shards.dataset
+    heaps = open_streaming(shards.url, **{**shards.options, "verify_data": verify == "open"})
+    closers.insert(0, heaps.close)
+    return heaps

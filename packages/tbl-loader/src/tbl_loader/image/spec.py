@@ -265,7 +265,7 @@ class ImageSpec:
         the caller (``labels`` None, ``label_field`` True) instead of refused.
         """
         images, labels = _columns(dataset, self.image_key, self.label_key, any_label)
-        label_field = labels is None and any_label and self.label_key in list(getattr(dataset, "leaf_paths", []))
+        label_field = labels is None and any_label and self.label_key in dataset.leaf_paths
         _, height, width, channels = images[0].shape
         if self.normalized and (len(self.mean) != channels or len(self.std) != channels):
             raise ValueError(
@@ -288,11 +288,11 @@ class ImageSpec:
 def _columns(dataset: Any, image_key: str, label_key: str,
              any_label: bool = False) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """The validated image segments and the label segments (or None without a ``label_key`` leaf)."""
-    paths = list(getattr(dataset, "leaf_paths", []))
+    paths = list(dataset.leaf_paths)
     if image_key not in paths:
         raise ValueError(f"dataset has no {image_key!r} leaf (leaves: {paths})")
-    kind = getattr(getattr(dataset, "schema", None), "leaves", {}).get(image_key)
-    if getattr(kind, "kind", None) in VARIABLE_IMAGE_KINDS:
+    kind = dataset.schema.leaves[image_key]
+    if kind.kind in VARIABLE_IMAGE_KINDS:
         raise ValueError(f"leaf {image_key!r} holds images of variable size ({kind.kind}); "
                          "tbl_loader.ImageLoader serves them (this loader serves fixed-size image columns)")
     images = [s for s in dataset.segments(image_key) if s.shape[0] > 0]

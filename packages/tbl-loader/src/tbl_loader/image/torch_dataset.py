@@ -53,11 +53,12 @@ import tbl_format
 
 from ..host.output import OutputSpec
 from ..pytree.dataset import CollatedBatch, as_indices
+from ..source.local import LocalShards
 from ..source.storage import is_url
 from ..stream.order import BatchPlan, EpochOrder
 from ..stream.subset import resolve_rows
 from .fields import FieldReader
-from .loader import Batch, _field_paths, _ImageSource
+from .loader import Batch, _field_paths, _heap_dataset, _ImageSource
 from .spec import ImageSpec
 
 __all__ = ["EpochBatch", "EpochBatchSampler", "ImageDataset", "PassPlan"]
@@ -153,7 +154,7 @@ class ImageDataset:
         self.fields, self.var = tuple(fields), var
         self.output = OutputSpec.create(backend)
         self.epoch = int(epoch)
-        self._state: tuple[Any, _ImageSource] | None = None
+        self._state: tuple[Any, _ImageSource, list[Any]] | None = None
         self._fetch_plan: tuple[Any, int] | None = None  # (the pass scheduled for fetching, its last batch)
         dataset, _ = self._ensure()
         self.fingerprint = dataset.fingerprint
@@ -167,12 +168,10 @@ class ImageDataset:
     @classmethod
     def from_loader(cls, loader: Any) -> ImageDataset:
         """The map-style twin of an ImageLoader: its dataset, image settings, seed, subset and backend."""
-        remote = getattr(loader.dataset, "url", None)  # a URL the loader streams through the shard cache
-        where = {} if remote is None else {k: loader.dataset.options[k]
-                                           for k in ("cache_dir", "cache_limit", "storage_options")}
-        ds = cls(loader.dataset.path if remote is None else remote, seed=loader.seed,
-                 backend=loader.output.backend, epoch=loader.epoch, spec=loader.spec, fields=loader.fields,
-                 var=loader.var, **where)
+        where = loader.remote_options if is_url(loader.path) else {}
+        path = loader.path if isinstance(loader.path, (str, os.PathLike)) else loader.dataset.path
+        ds = cls(path, seed=loader.seed, backend=loader.output.backend, epoch=loader.epoch, spec=loader.spec,
+                 fields=loader.fields, var=loader.var, **where)
         ds.rows = loader.cursor.rows
         ds._len = loader.num_samples
         return ds
@@ -180,42 +179,44 @@ class ImageDataset:
     # ---- opening --------------------------------------------------------------------------------
     def _ensure(self) -> tuple[Any, _ImageSource]:
         if self._state is None:
-            dataset = self._open()
+            closers: list[Any] = []
+            shards = self._open()
+            closers.append(shards.close)
             try:
                 expected = getattr(self, "fingerprint", None)
-                if expected is not None and dataset.fingerprint != expected:
+                if expected is not None and shards.fingerprint != expected:
                     raise tbl_format.DatasetChangedError(
                         f"{self.path}: the dataset changed since this ImageDataset was created")
-                layout = dataset.layout() if hasattr(dataset, "layout") else dataset  # remote: shapes only
-                columns = self.spec.bind(layout, any_label=True)
+                columns = self.spec.bind(shards.layout(), any_label=True)  # a remote layout: shapes only
                 paths = _field_paths(self.fields, self.spec, columns)
-                reader = FieldReader(dataset, paths, self.var) if paths else None
+                reader = FieldReader(_heap_dataset(shards, "never", closers), paths, self.var) if paths else None
             except BaseException:
-                dataset.close()
+                for close in closers:
+                    close()
                 raise
             self._source_rows = columns.num_samples
-            self._state = (dataset, _ImageSource(columns, self.spec, self.seed, fields=reader, dataset=dataset))
-        return self._state
+            self._state = (shards, _ImageSource(columns, self.spec, self.seed, shards, fields=reader), closers)
+        return self._state[:2]
 
     def _open(self) -> Any:
+        """The shard source: LocalShards over the file, or a RemoteDataset over the shard cache for a URL."""
         if not is_url(self.path):
-            return tbl_format.open(self.path)
-        from ..source.remote import RemoteDataset, open_streaming
+            return LocalShards(tbl_format.open(self.path))
+        from ..source.remote import RemoteDataset
 
-        if self.fields:  # fields are read through heaps: a tbl_format.Dataset over the cache, as ImageLoader reads
-            return open_streaming(self.path, **self.remote_options)
         return RemoteDataset(self.path, **self.remote_options)
 
     @property
     def dataset(self) -> Any:
         """The open dataset (a ``tbl_format.Dataset``, or a RemoteDataset for a URL); opened if needed."""
-        return self._ensure()[0]
+        return self._ensure()[0].dataset
 
     def close(self) -> None:
         """Unmap the dataset; the next access maps it again."""
         state, self._state = self._state, None
         if state is not None:
-            state[0].close()
+            for close in state[2]:
+                close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -237,10 +238,10 @@ class ImageDataset:
         """
         if epoch is None:
             epoch = getattr(positions, "epoch", self.epoch)
-        dataset, source = self._ensure()
+        shards, source = self._ensure()
         plan = getattr(positions, "plan", None)
-        if plan is not None and callable(getattr(dataset, "schedule", None)):
-            self._fetch_ahead(dataset, plan)
+        if plan is not None:
+            self._fetch_ahead(shards, plan)
         pos = as_indices(positions, self._len)
         rows = pos if self.rows is None else np.ascontiguousarray(self.rows[pos])
         n = rows.shape[0]
@@ -250,7 +251,7 @@ class ImageDataset:
         outputs = {name: a.export(n, self.output) for name, a in buffers.items()}
         return source.batch(outputs, payload, plan, self.output.backend, None)
 
-    def _fetch_ahead(self, dataset: Any, plan: PassPlan) -> None:
+    def _fetch_ahead(self, shards: Any, plan: PassPlan) -> None:
         """A URL dataset read batch by batch (a DataLoader worker's): at the first batch of a pass, hand the
         fetcher the rows of the pass's batches this process will read, in order, so that their shards are
         downloaded ahead as ImageLoader's are. Which batches those are is torch's rule (batch ``k`` to worker
@@ -261,8 +262,8 @@ class ImageDataset:
             self._fetch_plan = (key, plan.number)
             return  # the same pass, further on: scheduled already
         self._fetch_plan = (key, plan.number)
-        positions = plan.batches_of_worker(dataset.segment_rows, worker, workers)
-        dataset.schedule(positions if self.rows is None else self.rows[positions])
+        positions = plan.batches_of_worker(shards.segment_rows, worker, workers)
+        shards.schedule(positions if self.rows is None else self.rows[positions])
 
     def __getitems__(self, positions: Any) -> CollatedBatch:
         """torch DataLoader's batched fetch: a CollatedBatch (``collate_identity`` gives ``get_batch``)."""

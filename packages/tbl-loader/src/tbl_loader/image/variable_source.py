@@ -45,7 +45,7 @@ from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from .fields import FieldReader
 from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
-from .spec import ImageSpec, fit_windows, resized_center_crop_windows
+from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows
 
 __all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable"]
 
@@ -54,8 +54,8 @@ SIZE_KEYS = ("height", "width")
 
 def is_variable(dataset: Any, image_key: str) -> bool:
     """True when ``dataset``'s ``image_key`` leaf holds images of variable size (raw or JPEG)."""
-    leaf = getattr(getattr(dataset, "schema", None), "leaves", {}).get(image_key)
-    return getattr(leaf, "kind", None) in ("var_array", "encoded_image")
+    leaf = dataset.schema.leaves.get(image_key)
+    return leaf is not None and leaf.kind in VARIABLE_IMAGE_KINDS
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class VariableImageSource:
         if columns.store == "jpeg":
             decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
         self.dataset = dataset
-        self.path = str(getattr(dataset, "path", "dataset"))
+        self.path = str(dataset.path)
         self.columns = columns
         self.image_key = spec.image_key
         self.verify_rows = verify_rows
@@ -195,6 +195,9 @@ class VariableImageSource:
         self.num_threads = num_threads
         self.jpeg_dct = check_jpeg_dct(jpeg_dct, columns)  # the IDCT of the serve-time decode (jpeg_decode)
         self._pool: ThreadPoolExecutor | None = None
+
+    def begin_pass(self, epoch_order: Any) -> None:
+        """Nothing to schedule: a batch reads its rows through the dataset, which maps (and fetches) their shards."""
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.spec.dtype, output)}

@@ -43,6 +43,9 @@ class _PyTreeSource:
         # verify="lazy": each data block is checked the first time a batch touches it
         self.verify_rows = source.dataset.verify_rows if verify_lazily else None
 
+    def begin_pass(self, epoch_order: Any) -> None:
+        """Nothing to schedule: a batch reads its rows through the dataset, which maps (and fetches) their shards."""
+
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         return {leaf.path: allocate_host((capacity, *leaf.row_shape), np.dtype(leaf.dtype), output, as_rows=True)
                 for leaf in self.collator.fixed}

@@ -112,6 +112,7 @@ class RemoteDataset:
     def __len__(self) -> int:
         return len(self._meta)
 
+    dataset = property(lambda self: self, doc="The dataset behind this shard source: itself.")
     schema = property(lambda self: self._meta.schema)
     metadata = property(lambda self: self._meta.metadata)
     fingerprint = property(lambda self: self._meta.fingerprint, doc="The local copy's ``Dataset.fingerprint``.")
@@ -175,6 +176,17 @@ class RemoteDataset:
     def prepare_rows(self, rows: Any) -> None:
         """Map every shard holding ``rows`` (downloading what is not cached); tell the fetcher where we are."""
         self._prepare(self._locate(rows)[2])
+
+    # ---- the shard-source protocol (tbl_loader.source.local) -----------------------------------------
+    def begin_pass(self, epoch_order: Any, leaf: str, batch_size: int) -> None:
+        """The fetcher downloads the pass's shards in the order its batches first read them."""
+        self.schedule(epoch_order.indices)
+
+    def before_batch(self, number: int) -> None:
+        """Nothing: a batch maps its shards itself (``batch_columns``)."""
+
+    def end_pass(self) -> None:
+        """Nothing: the fetcher follows the next pass's schedule."""
 
     def schedule(self, indices: Any) -> None:
         """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""

@@ -157,6 +157,9 @@ class _TokenSource:
         self.out_dtype = out_dtype
         self._offset: tuple[int, int] | None = None  # (epoch, window_offset of that epoch)
 
+    def begin_pass(self, epoch_order: Any) -> None:
+        """Nothing to schedule: a window maps (and fetches) its shards as it reads them."""
+
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         return {"tokens": allocate_host((capacity, self.seq_len + 1), self.out_dtype, output)}
 
