@@ -24,7 +24,7 @@ import numpy as np
 
 import tbl_format
 
-from . import order, variable_source
+from . import gpu_decode, order, variable_source
 from ._kernels import kernels
 from .advice import PageAdvisor, fits_in_memory
 from .batch import Batch, host_indices
@@ -235,7 +235,8 @@ class ImageLoader(HostLoader):
     (``tbl convert --max-size``) take ``resize`` with ``center_crop`` (the
     evaluation transform) and are served through :mod:`tbl_loader.variable_source`;
     ``jpeg_dct`` (``"accurate"``, default, or ``"fast"``: FFCV's faster, less exact
-    IDCT) is the IDCT of JPEG storage's serve-time decode, see :mod:`tbl_loader.jpeg_decode`.
+    IDCT) is the IDCT of JPEG storage's serve-time decode, see :mod:`tbl_loader.jpeg_decode`;
+    ``decode_device="cuda"`` (with ``device="cuda"``) decodes it with nvJPEG, see :mod:`tbl_loader.gpu_decode`.
     See :mod:`tbl_loader.cursor` for epochs and resume, :mod:`tbl_loader.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -279,6 +280,7 @@ class ImageLoader(HostLoader):
         storage_options: dict[str, Any] | None = None,
         block_window: int = order.DEFAULT_BLOCK_WINDOW,
         jpeg_dct: str = "accurate",
+        decode_device: Any = None,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -288,6 +290,7 @@ class ImageLoader(HostLoader):
         if num_threads is not None:
             if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
                 raise ValueError(f"num_threads must be an int >= 1 or None, got {num_threads!r}")
+        gpu = gpu_decode.resolve(decode_device, device, backend)  # None unless asked; GpuDecodeUnavailableError first
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
 
@@ -321,10 +324,15 @@ class ImageLoader(HostLoader):
                     raise ValueError("several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
                 variable_source.check_jpeg_dct(jpeg_dct, columns)
-                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns, spec),
+                if gpu is not None:
+                    gpu.check_store(columns, jpeg_dct)
+                settings = {**spec.stream_settings(), **(variable_source.stream_settings(columns, spec) if gpu is None
+                                                         else gpu.stream_settings(columns, spec)),
                             **variable_source.jpeg_dct_settings(jpeg_dct)}
             else:  # a remote dataset binds through its layout: shapes only, no shard is read for it
                 variable_source.check_jpeg_dct(jpeg_dct, None)
+                if gpu is not None:
+                    gpu.check_store(None, jpeg_dct)
                 columns = spec.bind(dataset.layout() if hasattr(dataset, "layout") else dataset, any_label=True)
                 settings = spec.stream_settings()
             subset = resolve_rows(columns.num_samples, rows, subsample)
@@ -334,8 +342,8 @@ class ImageLoader(HostLoader):
             if variable:
                 field_paths = _field_paths(fields, spec, columns)
                 reader = FieldReader(dataset, field_paths, var) if field_paths else None
-                source = variable_source.VariableImageSource(dataset, columns, spec, options.seed, lazy, num_threads,
-                                                             reader, jpeg_dct)
+                make = variable_source.VariableImageSource if gpu is None else gpu.source
+                source = make(dataset, columns, spec, options.seed, lazy, num_threads, reader, jpeg_dct)
                 closers.insert(0, source.close)  # the decode threads stop before the dataset closes
             else:
                 field_paths = _field_paths(fields, spec, columns)

@@ -182,7 +182,7 @@ class VariableImageSource:
                  jpeg_dct: str = "accurate") -> None:
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
-            decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
+            self._check_decoder()  # JpegDecoderUnavailableError now, not at the first batch
         self.dataset = dataset
         self.path = str(getattr(dataset, "path", "dataset"))
         self.columns = columns
@@ -203,6 +203,9 @@ class VariableImageSource:
         self.num_threads = num_threads
         self.jpeg_dct = check_jpeg_dct(jpeg_dct, columns)  # the IDCT of the serve-time decode (jpeg_decode)
         self._pool: ThreadPoolExecutor | None = None
+
+    def _check_decoder(self) -> None:
+        decoder_info()  # the CPU decoder (tbl_loader.gpu_decode's source decodes elsewhere)
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.spec.dtype, output)}
