@@ -80,11 +80,12 @@ def reference_images(images, ids, *, seed, epoch, hflip, dtype, layout, crop=Non
 
 
 def as_numpy(x):
-    """A batch field as a numpy array (torch bfloat16 / float16 as their bit patterns)."""
+    """A batch field as a host numpy array (torch bfloat16 / float16 as their bit patterns)."""
     if x is None or isinstance(x, np.ndarray):
         return x
     import torch
 
+    x = x.cpu()  # a batch on a device (CUDA tests) is compared on the host
     if x.dtype == torch.bfloat16:
         return x.view(torch.int16).numpy().view(np.uint16)
     if x.dtype == torch.float16:

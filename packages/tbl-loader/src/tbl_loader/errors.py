@@ -23,6 +23,7 @@ __all__ = [
     "DestinationError",
     "DestinationExistsError",
     "EmptyClassError",
+    "GpuDecodeUnavailableError",
     "ImageDecodeError",
     "ImageGeometryError",
     "ImageTooLargeError",
@@ -63,6 +64,10 @@ class LoaderError(Exception):
 
 class KernelsFeatureError(LoaderError, ImportError):
     """The installed tbl-kernels is one the pin admits, but too old for the feature asked for."""
+
+
+class GpuDecodeUnavailableError(LoaderError, RuntimeError):
+    """``decode_device`` was asked for where it cannot run (no torch, no CUDA device, or no torchvision)."""
 
 
 class JpegDecoderUnavailableError(LoaderError, ImportError):

@@ -37,7 +37,7 @@ from ..stream.cursor import StreamCursor, StreamOptions
 from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from ..stream.subset import resolve_rows
-from . import variable_source
+from . import gpu_decode, variable_source
 from .fields import FieldReader
 from .spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop, view_seed
 
@@ -234,7 +234,8 @@ class ImageLoader(HostLoader):
     (``tbl convert --max-size``) take ``resize`` with ``center_crop`` (the
     evaluation transform) and are served through :mod:`tbl_loader.image.variable_source`;
     ``jpeg_dct`` (``"accurate"``, default, or ``"fast"``: FFCV's faster, less exact
-    IDCT) is the IDCT of JPEG storage's serve-time decode, see :mod:`tbl_loader.image.jpeg`.
+    IDCT) is the IDCT of JPEG storage's serve-time decode, see :mod:`tbl_loader.image.jpeg`;
+    ``decode_device="cuda"`` (with ``device="cuda"``) decodes it with nvJPEG, see :mod:`tbl_loader.image.gpu_decode`.
     See :mod:`tbl_loader.stream.cursor` for epochs and resume, :mod:`tbl_loader.host.pipeline` for the producer's lifetime, and
     :mod:`tbl_loader.host.ring` for buffer lifetime: a batch's memory is reused only
     after every view of it has been dropped.
@@ -278,6 +279,7 @@ class ImageLoader(HostLoader):
         storage_options: dict[str, Any] | None = None,
         block_window: int = order.DEFAULT_BLOCK_WINDOW,
         jpeg_dct: str = "accurate",
+        decode_device: Any = None,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
@@ -287,6 +289,7 @@ class ImageLoader(HostLoader):
         if num_threads is not None:
             if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
                 raise ValueError(f"num_threads must be an int >= 1 or None, got {num_threads!r}")
+        gpu = gpu_decode.resolve(decode_device, device, backend)  # None unless asked; GpuDecodeUnavailableError first
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
 
@@ -302,10 +305,15 @@ class ImageLoader(HostLoader):
                     raise ValueError("several crop views are not served from variable-size images yet "
                                      "(tbl convert --max-size); convert with --size S for them")
                 variable_source.check_jpeg_dct(jpeg_dct, columns)
-                settings = {**spec.stream_settings(), **variable_source.stream_settings(columns),
+                if gpu is not None:
+                    gpu.check_store(columns, jpeg_dct)
+                settings = {**spec.stream_settings(), **(variable_source.stream_settings(columns) if gpu is None
+                                                         else gpu.stream_settings(columns)),
                             **variable_source.jpeg_dct_settings(jpeg_dct)}
             else:  # binding reads shapes only: a remote source's layout maps no shard for it
                 variable_source.check_jpeg_dct(jpeg_dct, None)
+                if gpu is not None:
+                    gpu.check_store(None, jpeg_dct)
                 columns = spec.bind(shards.layout(), any_label=True)
                 settings = spec.stream_settings()
             subset = resolve_rows(columns.num_samples, rows, subsample)
@@ -318,8 +326,8 @@ class ImageLoader(HostLoader):
             reader = FieldReader(heaps, field_paths, var) if field_paths else None
             if variable:
                 lazy = heaps.verify_rows if verify == "lazy" else None
-                source = variable_source.VariableImageSource(heaps, columns, spec, options.seed, lazy, num_threads,
-                                                             reader, jpeg_dct)
+                make = variable_source.VariableImageSource if gpu is None else gpu.source
+                source = make(heaps, columns, spec, options.seed, lazy, num_threads, reader, jpeg_dct)
                 closers.insert(0, source.close)  # the decode threads stop before the dataset closes
             else:
                 lazy = shards.verify_rows if verify == "lazy" else None

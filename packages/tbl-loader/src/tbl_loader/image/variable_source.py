@@ -174,7 +174,7 @@ class VariableImageSource:
                  jpeg_dct: str = "accurate") -> None:
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
-            decoder_info()  # JpegDecoderUnavailableError now, not at the first batch
+            self._check_decoder()  # JpegDecoderUnavailableError now, not at the first batch
         self.dataset = dataset
         self.path = str(dataset.path)
         self.columns = columns
@@ -198,6 +198,9 @@ class VariableImageSource:
 
     def begin_pass(self, epoch_order: Any) -> None:
         """Nothing to schedule: a batch reads its rows through the dataset, which maps (and fetches) their shards."""
+
+    def _check_decoder(self) -> None:
+        decoder_info()  # the CPU decoder (tbl_loader.gpu_decode's source decodes elsewhere)
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.spec.dtype, output)}
