@@ -260,3 +260,98 @@ def test_token_loader_streams_from_a_url(s3_server, local_tokens, tokens_url, tm
         tail = [np.array(x) for x in resumed]
     assert len(head + tail) == len(want)
     assert all(np.array_equal(x, y) for x, y in zip(head + tail, want, strict=True))
+
+
+# ---- DataLoader workers over a URL: fork, spawn, forkserver ----------------------------------------
+
+
+def _dataloader_rows(dataset, context, batch_size=16):
+    import torch.utils.data as tud
+
+    from tbl_loader import collate_identity
+
+    # timeout: a worker that hangs (a storage client or fetcher thread inherited through fork) fails the test
+    # with a named error instead of blocking the suite.
+    loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=2, multiprocessing_context=context,
+                            collate_fn=collate_identity, timeout=120)
+    return list(loader)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_dataloader_workers_read_a_url_under_every_start_method(s3_server, local_rows, rows_url, local_ds_images,
+                                                                images_url, tmp_path, context):
+    pytest.importorskip("torch")
+    from tbl_loader import ImageDataset
+
+    # Opened (and read) in the parent first, as training scripts do: a forked worker must not use the
+    # parent's storage client or fetcher thread.
+    remote_rows = PyTreeDataset(rows_url, cache_dir=tmp_path, storage_options=s3_server.storage_options)
+    remote_rows[0]
+    got = _dataloader_rows(remote_rows, context)
+    want = _dataloader_rows(PyTreeDataset(local_rows), context)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert_tree_equal(g, w)
+    remote_images = ImageDataset(images_url, cache_dir=tmp_path, cache_limit=None, hflip=0.5, seed=1,
+                                 backend="numpy", storage_options=s3_server.storage_options)
+    remote_images[0]
+    got = _dataloader_rows(remote_images, context)
+    want = _dataloader_rows(ImageDataset(local_ds_images, hflip=0.5, seed=1, backend="numpy"), context)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.fixture(scope="module")
+def local_ds_images(tmp_path_factory):
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (96, 12, 10, 3), dtype=np.uint8)
+    return tbl_format.write(({"image": im, "label": np.int64(i)} for i, im in enumerate(images)),
+                            tmp_path_factory.mktemp("img") / "img", shard_rows=16)
+
+
+@pytest.fixture(scope="module")
+def images_url(s3_server, local_ds_images):
+    from tbl_loader import upload_dataset
+
+    url = f"s3://{s3_server.new_bucket()}/img/"
+    upload_dataset(local_ds_images, url, storage_options=s3_server.storage_options)
+    return url
+
+
+def test_a_forked_process_reaches_the_store_through_its_helper(s3_server, rows_url):
+    """After the parent used the storage library, a forked child's calls (and their named errors) go
+    through the child's own helper process, never through the runtime that did not survive the fork."""
+    import os
+
+    from tbl_loader.errors import RemoteObjectMissingError
+    from tbl_loader.source.storage import open_store
+
+    store = open_store(rows_url, s3_server.storage_options)
+    manifest = store.read_bytes("manifest.json")  # the parent's runtime starts here
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, exit without running pytest's teardown
+        code = 1
+        try:
+            same = store.read_bytes("manifest.json") == manifest
+            try:
+                store.size("no-such-object")
+                named = False
+            except RemoteObjectMissingError as e:
+                named = "no-such-object" in str(e)
+            code = 0 if same and named else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    import select
+    import signal
+
+    ready, _, _ = select.select([read], [], [], 120)
+    if not ready:  # the child hangs: what a storage call on the dead runtime does
+        os.kill(pid, signal.SIGKILL)
+    got = os.read(read, 1) if ready else b"hung"
+    os.waitpid(pid, 0)
+    assert got == b"\x00"

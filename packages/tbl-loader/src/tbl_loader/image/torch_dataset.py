@@ -155,6 +155,7 @@ class ImageDataset:
         self.output = OutputSpec.create(backend)
         self.epoch = int(epoch)
         self._state: tuple[Any, _ImageSource, list[Any]] | None = None
+        self._state_pid = os.getpid()  # the process that opened _state
         self._fetch_plan: tuple[Any, int] | None = None  # (the pass scheduled for fetching, its last batch)
         dataset, _ = self._ensure()
         self.fingerprint = dataset.fingerprint
@@ -178,7 +179,12 @@ class ImageDataset:
 
     # ---- opening --------------------------------------------------------------------------------
     def _ensure(self) -> tuple[Any, _ImageSource]:
+        if self._state is not None and self._state_pid != os.getpid():
+            # Inherited through fork (a DataLoader worker): the parent's maps, fetcher threads and storage
+            # client belong to the parent. Dropped here, never closed (closing would act on the parent's).
+            self._state = None
         if self._state is None:
+            self._state_pid = os.getpid()
             closers: list[Any] = []
             shards = self._open()
             closers.append(shards.close)

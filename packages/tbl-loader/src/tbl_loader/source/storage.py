@@ -16,6 +16,16 @@ aiohttp), and its calls are synchronous and thread-safe, which suits a fetcher
 thread pool.
 
 Errors are translated into the named exceptions below, each naming the URL.
+
+Fork. obstore runs every call on a process-wide runtime whose threads do not
+survive ``fork``: in a process forked after its parent used the library (a
+DataLoader worker under Linux's default start method, after the training
+script opened the dataset), every call would hang. Such a process hands its
+calls to a helper process of its own, started with ``spawn`` (a fresh
+interpreter, its own runtime) the first time it needs one; downloads land in
+the same file, so the shard cache sees no difference. Processes started with
+``spawn`` or ``forkserver``, and forked processes whose parent never touched the
+library, call it directly.
 """
 
 from __future__ import annotations
@@ -36,6 +46,93 @@ PIP_REMOTE = 'pip install "tbl-loader[remote]"'
 _SCHEMES = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "adl://", "azure://", "http://", "https://",
             "file://", "memory://")
 _CHUNK = 8 << 20
+
+# The pid of the process whose runtime serves this process's calls: set at the first store made here; a
+# forked child inherits the value, and a value that is not its own pid means the runtime is gone.
+_RUNTIME_PID: int | None = None
+_HELPER: _Helper | None = None  # this process's helper, made on first need
+
+
+def _runtime_inherited() -> bool:
+    """Whether this process was forked after an ancestor started the storage library's runtime."""
+    return _RUNTIME_PID is not None and _RUNTIME_PID != os.getpid()
+
+
+class _Helper:
+    """A helper process (``python -m tbl_loader.source.storage``, a fresh interpreter) running Store calls for
+    a process whose inherited runtime is gone. Started with subprocess, not multiprocessing: a DataLoader
+    worker is a daemonic process, which multiprocessing allows no children. Calls are pickled frames over
+    its stdin / stdout, one at a time (a lock: the fetcher's threads share it)."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+        import threading
+
+        self.pid = os.getpid()
+        self.proc = subprocess.Popen([sys.executable, "-m", "tbl_loader.source.storage"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+        self.lock = threading.Lock()
+
+    def call(self, url: str, options: dict[str, Any], method: str, args: tuple[Any, ...]) -> Any:
+        with self.lock:
+            _send(self.proc.stdin, (url, options, method, args))
+            reply = _receive(self.proc.stdout)
+        if reply is None:
+            raise RemoteUnavailableError(f"{url}: the storage helper process exited (status {self.proc.poll()})")
+        ok, value = reply
+        if not ok:
+            raise value
+        return value
+
+
+def _helper() -> _Helper:
+    global _HELPER
+    if _HELPER is None or _HELPER.pid != os.getpid():  # an inherited helper belongs to the parent
+        _HELPER = _Helper()
+    return _HELPER
+
+
+def _send(stream: Any, value: Any) -> None:
+    import pickle
+
+    data = pickle.dumps(value)
+    stream.write(len(data).to_bytes(8, "little") + data)
+    stream.flush()
+
+
+def _receive(stream: Any) -> Any:
+    """The next frame, or None at the end of the stream."""
+    import pickle
+
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    return pickle.loads(stream.read(int.from_bytes(head, "little")))
+
+
+def _serve() -> None:
+    """The helper's loop: one Store per URL, calls until its stdin closes (its caller exited)."""
+    import sys
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames on the channel
+    stores: dict[str, Store] = {}
+    while (request := _receive(stdin)) is not None:
+        url, options, method, args = request
+        try:
+            store = stores.get(url)
+            if store is None:
+                store = stores[url] = Store(url, options)
+            if method == "download":  # the file by path: the caller's file object stays in the caller
+                name, path = args
+                with open(path, "r+b") as out:
+                    reply = (True, store.download(name, out))
+            else:
+                reply = (True, getattr(store, method)(*args))
+        except Exception as exc:  # the named error travels back and is raised by the caller
+            reply = (False, exc)
+        _send(stdout, reply)
 
 
 def is_url(path: Any) -> bool:
@@ -78,24 +175,39 @@ class Store:
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        global _RUNTIME_PID
         obstore = _obstore()
         self.url = url if url.endswith("/") else url + "/"
+        self._options = dict(storage_options or {})
+        self._ob = obstore
+        self._store = None
+        if _runtime_inherited():  # calls go to the helper process (see the module docstring)
+            return
         try:
-            self._store = obstore.store.from_url(self.url, **dict(storage_options or {}))
+            self._store = obstore.store.from_url(self.url, **self._options)
         except Exception as exc:
             raise _translate(exc, self.url) from None
-        self._ob = obstore
+        if _RUNTIME_PID is None:
+            _RUNTIME_PID = os.getpid()
+
+    def _forked(self, method: str, *args: Any) -> Any:
+        """``method`` run by this process's helper: the store's runtime did not survive the fork."""
+        return _helper().call(self.url, self._options, method, args)
 
     def where(self, name: str) -> str:
         return self.url + name
 
     def read_bytes(self, name: str) -> bytes:
+        if _runtime_inherited():
+            return self._forked("read_bytes", name)
         try:
             return bytes(self._ob.get(self._store, name).bytes())
         except Exception as exc:
             raise _translate(exc, self.where(name)) from None
 
     def size(self, name: str) -> int:
+        if _runtime_inherited():
+            return self._forked("size", name)
         try:
             return int(self._ob.head(self._store, name)["size"])
         except Exception as exc:
@@ -106,6 +218,11 @@ class Store:
 
         OSError from writing (a full disk) passes through unchanged: it is the cache's, not the store's.
         """
+        if _runtime_inherited():  # the helper writes the same file, by its path
+            out.flush()
+            written = self._forked("download", name, out.name)
+            out.seek(written)
+            return written
         try:
             result = self._ob.get(self._store, name)
             chunks = result.stream(min_chunk_size=_CHUNK)
@@ -125,6 +242,8 @@ class Store:
 
     def upload(self, name: str, path: str | os.PathLike[str]) -> None:
         """Upload local file ``path`` as object ``name`` (a multipart upload for large files)."""
+        if _runtime_inherited():
+            return self._forked("upload", name, os.fspath(path))
         try:
             with open(path, "rb") as f:
                 self._ob.put(self._store, name, f)
@@ -134,6 +253,8 @@ class Store:
             raise _translate(exc, self.where(name)) from None
 
     def put_bytes(self, name: str, data: bytes) -> None:
+        if _runtime_inherited():
+            return self._forked("put_bytes", name, data)
         try:
             self._ob.put(self._store, name, data)
         except Exception as exc:
@@ -143,3 +264,7 @@ class Store:
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store:
     """A :class:`Store` for ``url`` (RemoteSupportMissingError naming the pip command without the extra)."""
     return Store(url, storage_options)
+
+
+if __name__ == "__main__":
+    _serve()
