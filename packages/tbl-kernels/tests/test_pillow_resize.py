@@ -109,3 +109,12 @@ def test_an_image_pillow_keeps_in_several_blocks_is_refused_by_name():
     img = Image.new("RGB", (width, size // (width * 4) + 1))  # one row more than a block holds
     with pytest.raises(tk.PillowLayoutError, match="one piece"):
         tk.pillow_resize(img, np.empty((8, 8, 3), np.uint8))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_box_that_is_not_finite_is_refused(bad):
+    image = Image.new("RGB", (40, 30), (10, 20, 30))
+    out = np.zeros((10, 12, 3), np.uint8)
+    with pytest.raises(ValueError, match="finite"):
+        tk.pillow_resize(image, out, "bilinear", (0.0, bad, 20.0, 15.0))
+    assert not out.any()

@@ -2,6 +2,7 @@ import multiprocessing
 import threading
 
 import numpy as np
+import pytest
 
 import tbl_kernels as tk
 from tbl_kernels import reference as ref
@@ -72,3 +73,14 @@ def test_pool_works_in_a_forked_child():
         assert ok and p.exitcode == 0
     finally:
         tk.set_num_threads(before)
+
+
+def test_thread_counts_outside_the_bound_are_refused_before_any_thread_is_made():
+    before = tk.get_num_threads()
+    for bad in (0, -1, tk.max_threads() + 1, 100_000):
+        with pytest.raises(ValueError, match="outside 1"):
+            tk.set_num_threads(bad)
+        assert tk.get_num_threads() == before
+    with pytest.raises(TypeError):
+        tk.set_num_threads(2.0)
+    assert tk.max_threads() >= 256

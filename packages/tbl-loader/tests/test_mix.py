@@ -196,3 +196,17 @@ def test_errors(sources, tmp_path):
     padded = Mix([PyTreeDataset(p, var="pad") for p in seqs], batch_size=8, prefetch=0)
     with pytest.raises(MixError, match="Padded"):
         list(padded)
+
+
+def test_a_source_without_a_fingerprint_is_refused_by_name():
+    from tbl_loader.errors import MixError
+
+    class Rows:  # map-style, but nothing identifies its data: a state of another Mix would load silently
+        def __len__(self):
+            return 4
+
+        def get_batch(self, positions):
+            return list(positions)
+
+    with pytest.raises(MixError, match="fingerprint"):
+        Mix([Rows()], batch_size=2)

@@ -241,3 +241,19 @@ def test_malformed_states_raise(dataset_path, mutate, match):
     with pytest.raises(StateMismatchError, match=match):
         loader.load_state_dict(mutate(loader.state_dict()))
     loader.close()
+
+
+def test_the_last_epoch_runs_and_saves_a_state_that_reloads_but_runs_no_further(dataset_path):
+    from tbl_loader.stream.state import MAX_EPOCH
+
+    loader = _loader(dataset_path)
+    loader.load_state_dict({**loader.state_dict(), "epoch": MAX_EPOCH})
+    assert len(list(loader)) > 0  # the last epoch runs
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (MAX_EPOCH + 1, 0)
+    again = _loader(dataset_path)
+    again.load_state_dict(state)  # what the loader saved always reloads
+    with pytest.raises(ValueError, match="past the last epoch"):
+        next(iter(again))
+    again.close()
+    loader.close()

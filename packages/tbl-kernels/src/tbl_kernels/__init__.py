@@ -39,6 +39,7 @@ __all__ = [
     "pillow_resize",
     "reference",
     "resize_crop_images",
+    "max_threads",
     "set_num_threads",
     "set_simd",
     "simd_level",
@@ -52,8 +53,24 @@ if _core.KERNELS_ABI != KERNELS_ABI:
     )
 
 
+def max_threads() -> int:
+    """The most worker threads ``set_num_threads`` accepts: 64 per core the process may use, at least 256.
+
+    Threads are created when the pool is sized; an unbounded count (a typo, 100000) would take the
+    machine's process ids from every other process before the call returned."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(256, 64 * cores)
+
+
 def set_num_threads(n: int) -> None:
-    """Size the persistent worker pool used by every kernel (1 = run on the calling thread)."""
+    """Size the persistent worker pool used by every kernel (1 = run on the calling thread).
+
+    ValueError for ``n`` below 1 or above `max_threads`, before any thread is made."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"set_num_threads takes an int, got {type(n).__name__}")
+    if not 1 <= n <= max_threads():
+        raise ValueError(f"set_num_threads: {n} threads is outside 1..{max_threads()} "
+                         f"(64 per core this process may use, at least 256)")
     _core.set_num_threads(int(n))
 
 
@@ -397,6 +414,8 @@ def pillow_resize(image: Any, out: Any, resample: str = "bilinear",
     width, height = image.size
     if box is None:
         box = (0.0, 0.0, float(width), float(height))
+    if not all(np.isfinite(np.float32(v)) for v in box):  # Pillow refuses these; the kernel would average nothing
+        raise ValueError(f"box must hold finite numbers, got {tuple(box)}")
     try:
         schema, array = export()
     except ValueError as e:  # Pillow lends only single-block images

@@ -43,7 +43,7 @@ from typing import Any
 
 from .conversion.decode import MODES, RESAMPLE
 from .conversion.variable import DEFAULT_QUALITY, STORES
-from .source.storage import is_url
+from .source.storage import is_url, redact
 
 __all__ = ["register_convert", "run_convert"]
 
@@ -142,7 +142,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def _error(message: str) -> None:
-    print(f"tbl convert: {message}", file=sys.stderr)
+    print(f"tbl convert: {redact(message)}", file=sys.stderr)  # a URL's credentials never reach the terminal
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
             _error(f"--merge: error: {_one_line(e)}; nothing was published")
             return EXIT_FAILED
         if not args.quiet:
-            print(f"merged {len(args.paths) - 1} part(s) -> {dst}", file=sys.stderr)
+            print(f"merged {len(args.paths) - 1} part(s) -> {redact(dst)}", file=sys.stderr)
         return EXIT_OK
     if len(args.paths) != 2:
         _error(f"expected SRC DST, got {len(args.paths)} path(s)")

@@ -123,6 +123,10 @@ def _map_style(source: Any) -> Any:
                              rows=source.cursor.rows)
     if not (hasattr(source, "__len__") and callable(getattr(source, "get_batch", None))):
         raise MixError(f"a Mix source is a map-style dataset (len, get_batch) or a loader, got {type(source).__name__}")
+    if not isinstance(getattr(source, "fingerprint", None), str):
+        # A state names its sources by fingerprint: without one, another Mix's state would load silently.
+        raise MixError(f"a Mix source needs a str fingerprint (its data's identity, checked on resume); "
+                       f"{type(source).__name__} has none")
     return source
 
 
@@ -165,7 +169,7 @@ class Mix(Resumable):
         options = StreamOptions(batch_size, shuffle=False, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         fingerprint = hashlib.sha256(json.dumps(
-            [getattr(s, "fingerprint", type(s).__name__) for s in self.sources]).encode()).hexdigest()[:32]
+            [s.fingerprint for s in self.sources]).encode()).hexdigest()[:32]
         self.cursor = StreamCursor(self.epoch_size, options, dataset_fingerprint=fingerprint,
                                    settings={"mix": {"weights": list(self.weights), "sizes": self.sizes,
                                                       "epoch_size": self.epoch_size}})

@@ -123,6 +123,7 @@ import tbl_format
 
 from ..errors import DestinationError, ImageDecodeError, PillowConfigError, WorkerCrashError
 from ..image.jpeg import decoder_info
+from ..source.storage import is_url, redact
 from ..version import __version__
 from .chunk_writer import ChunkWriter
 from .decode import ALPHA_BACKGROUND, check_params, check_strict, preprocess_image, preprocess_into
@@ -781,6 +782,10 @@ def convert(
     if isinstance(max_image_bytes, bool) or not isinstance(max_image_bytes, int) or max_image_bytes < 1:
         raise ValueError(f"max_image_bytes must be a positive int, got {max_image_bytes!r}")
     part_t = parse_part(part)
+    if is_url(dst):  # (a scheme TBL does not read is refused by is_url itself, never made a local folder)
+        raise ValueError(f"{redact(os.fspath(dst))}: convert writes a local path; to publish at a URL, run "
+                         "`tbl convert SRC URL` (converted here, uploaded, the manifest published last) or "
+                         "upload_dataset the converted folder")
     dst_path = Path(dst)
     report_path: Path | None
     if report is None or report is True:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..source.storage import open_store
+from ..source.storage import open_store, redact
 from ..source.upload import upload_dataset
 
 __all__ = ["convert_to_url"]
@@ -26,9 +26,9 @@ def convert_to_url(convert: Any, src: Any, url: str, *args: Any, storage_options
     """``convert(src, <local temporary dst>, *args, **kwargs)``, then upload it to ``url``; returns the report."""
     directory = url.endswith("/")
     if not directory and not url.lower().endswith(".tbl"):
-        raise ValueError(f"{url}: a URL destination ends in '/' (a dataset directory) or '.tbl' (one file)")
+        raise ValueError(f"{redact(url)}: a URL destination ends in '/' (a dataset directory) or '.tbl' (one file)")
     if directory and kwargs.get("shard_rows") is None and kwargs.get("shards") is None:
-        raise ValueError(f"{url}: a directory URL needs --shard-rows or --shards")
+        raise ValueError(f"{redact(url)}: a directory URL needs --shard-rows or --shards")
     open_store(url, storage_options)  # no storage library: refused now, before converting anything
     if kwargs.get("report") is None:
         kwargs["report"] = False  # the default report path would be beside the URL

@@ -44,7 +44,7 @@ import tbl_format
 from ..errors import CacheFullError, ShardNotMappedError
 from .cache import ShardCache
 from .fetcher import Fetcher
-from .storage import open_store
+from .storage import open_store, redact
 
 __all__ = ["RemoteDataset", "RemoteShards", "materialize", "open_remote", "open_streaming"]
 
@@ -298,7 +298,7 @@ class RemoteDataset:
         """
         total = sum(e.get("size") or 0 for e in self._entries)
         if self.cache.limit is not None and total > self.cache.limit:
-            raise CacheFullError(f"{self.url}: the whole dataset ({total} bytes) does not fit cache_limit "
+            raise CacheFullError(f"{redact(self.url)}: the whole dataset ({total} bytes) does not fit cache_limit "
                                  f"({self.cache.limit} bytes); raise the limit, or stream it with ImageLoader")
         for k in range(len(self._entries)):
             self._prefetch(k)

@@ -31,6 +31,7 @@ library, call it directly.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, BinaryIO
 
 from ..errors import (
@@ -40,7 +41,7 @@ from ..errors import (
     RemoteUnavailableError,
 )
 
-__all__ = ["PIP_REMOTE", "Store", "is_url", "open_store"]
+__all__ = ["PIP_REMOTE", "Store", "is_url", "open_store", "redact"]
 
 PIP_REMOTE = 'pip install "tbl-loader[remote]"'
 _SCHEMES = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "adl://", "azure://", "http://", "https://",
@@ -79,7 +80,7 @@ class _Helper:
             _send(self.proc.stdin, (url, options, method, args))
             reply = _receive(self.proc.stdout)
         if reply is None:
-            raise RemoteUnavailableError(f"{url}: the storage helper process exited (status {self.proc.poll()})")
+            raise RemoteUnavailableError(f"{redact(url)}: the storage helper process exited (status {self.proc.poll()})")
         ok, value = reply
         if not ok:
             raise value
@@ -135,9 +136,36 @@ def _serve() -> None:
         _send(stdout, reply)
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# Credentials a URL may carry: ``user:password@`` and the query parameters of presigned URLs and SAS tokens.
+_USERINFO = re.compile(r"(//)[^/@\s]+@")
+# The parameter's value ends at the next parameter, plain or percent-encoded (an error message may quote the
+# URL encoded: ``%3F`` ``?``, ``%26`` ``&``, ``%3D`` ``=``).
+_SECRET_PARAM = re.compile(r"((?:[?&]|%3F|%26)(?:X-Amz-[A-Za-z-]*|X-Goog-[A-Za-z-]*|sig|signature|token|sv|se|sp|sr|st"
+                           r"|skoid|sktid|skt|ske|sks|skv|key|access_?key|secret|password|credential)[A-Za-z_-]*"
+                           r"(?:=|%3D))(?:(?!%26)[^&\s'\"])*", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of any URL in it replaced by ``***`` (user:password, signatures, tokens)."""
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
 def is_url(path: Any) -> bool:
-    """Whether ``path`` names a dataset in an object store (a ``scheme://`` string TBL reads through storage)."""
-    return isinstance(path, str) and path.lower().startswith(_SCHEMES)
+    """Whether ``path`` names a dataset in an object store (a ``scheme://`` string TBL reads through storage).
+
+    A ``scheme://`` string of a scheme TBL does not read (``s4://bucket/x``, a typo) is refused with ValueError
+    naming the schemes it reads, never taken as a local folder named ``s4:``."""
+    if not isinstance(path, str):
+        return False
+    if path.lower().startswith(_SCHEMES):
+        return True
+    found = _SCHEME.match(path)
+    if found:
+        known = ", ".join(s for s in _SCHEMES if s != "memory://")
+        raise ValueError(f"{redact(path)}: unknown URL scheme {found[1]!r}; datasets are read from {known} "
+                         "or a local path")
+    return False
 
 
 def _obstore() -> Any:
@@ -155,7 +183,8 @@ def _translate(exc: BaseException, url: str) -> BaseException:
     """The named TBL error for an obstore exception (or the exception itself)."""
     import obstore.exceptions as oe
 
-    text = " ".join(str(exc).split())
+    text = redact(" ".join(str(exc).split()))
+    url = redact(url)
     if isinstance(exc, (oe.NotFoundError, FileNotFoundError)):
         return RemoteObjectMissingError(f"{url}: no such object ({text[:300]})")
     if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)):
@@ -186,7 +215,14 @@ class Store:
         try:
             self._store = obstore.store.from_url(self.url, **self._options)
         except Exception as exc:
+            if isinstance(exc, TypeError):  # a value of the wrong type: name the options
+                raise ValueError(f"{redact(self.url)}: storage_options {sorted(self._options)}: {exc}") from None
             raise _translate(exc, self.url) from None
+        except BaseException as exc:  # a panic inside the storage library (pyo3's PanicException)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
+            raise ValueError(f"{redact(self.url)}: storage_options {sorted(self._options)} made the storage library "
+                             f"fail ({type(exc).__name__}: {redact(str(exc))[:300]})") from None
         if _RUNTIME_PID is None:
             _RUNTIME_PID = os.getpid()
 
@@ -195,7 +231,8 @@ class Store:
         return _helper().call(self.url, self._options, method, args)
 
     def where(self, name: str) -> str:
-        return self.url + name
+        """Object ``name``'s URL as messages show it: without credentials."""
+        return redact(self.url + name)
 
     def read_bytes(self, name: str) -> bytes:
         if _runtime_inherited():

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import StateMismatchError
 from .distributed import resolve_rank_world
 from .order import DEFAULT_BLOCK_WINDOW, PADDING_MODES, SHUFFLE_MODES, BatchPlan, EpochOrder
-from .state import StreamState, settings_fingerprint, settings_record
+from .state import MAX_EPOCH, StreamState, settings_fingerprint, settings_record
 from .subset import subset_fingerprint
 
 __all__ = ["Resumable", "StreamCursor", "StreamOptions"]
@@ -154,8 +154,8 @@ class StreamCursor:
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch`` (no-op when already in ``epoch``: keeps a resumed position)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**64:
+            raise ValueError(f"epoch must be an int in [0, 2**64), got {epoch!r}")
         if int(epoch) != self._epoch:
             self._jump(int(epoch), 0)
 
@@ -211,6 +211,9 @@ class StreamCursor:
     def start_pass(self) -> tuple[EpochOrder, Iterator[BatchPlan]] | None:
         """The rest of the current epoch and its batch plans, or None (after moving to the next
         epoch) when nothing of this epoch is left on this rank."""
+        if self._epoch > MAX_EPOCH:
+            raise ValueError(f"epoch {self._epoch} is past the last epoch a stream runs ({MAX_EPOCH}): the one after "
+                             "it would not fit the generator's 64-bit epoch")
         order = self.epoch_order()
         o = self.options
         if order.num_batches(o.batch_size, o.drop_last) == 0:

@@ -22,7 +22,12 @@ from typing import Any
 from ..errors import StateMismatchError
 from .order import ORDER_VERSION
 
+MAX_EPOCH = 2**64 - 2
+"""The last epoch a stream runs: the state saved after it (epoch ``MAX_EPOCH + 1``, a uint64 still) reloads,
+and running that one is refused by name, so no loader ever reaches a position it could not save."""
+
 __all__ = [
+    "MAX_EPOCH",
     "STATE_VERSION",
     "StreamState",
     "pytree_fingerprint_v0_1",
