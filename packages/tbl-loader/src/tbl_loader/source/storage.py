@@ -133,7 +133,10 @@ def _serve() -> None:
                 reply = (True, getattr(store, method)(*args))
         except Exception as exc:  # the named error travels back and is raised by the caller
             reply = (False, exc)
-        _send(stdout, reply)
+        try:
+            _send(stdout, reply)
+        except Exception as exc:  # an exception that does not pickle: its text, under the storage error
+            _send(stdout, (False, RemoteError(redact(f"{type(reply[1]).__name__}: {reply[1]} ({exc})"))))
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
