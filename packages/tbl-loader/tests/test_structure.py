@@ -105,3 +105,30 @@ def test_the_rule_catches_a_violation():
     for text in ("from ..conversion import convert\n", "import tbl_loader.conversion.images\n",
                  "def f():\n    from ..conversion.decode import MODES\n", "from .. import conversion\n"):
         assert [target for target, _ in _imported_parts(probe, text)] == ["conversion"], text
+
+
+def _probes(path: Path, text: str | None = None) -> list[str]:
+    """``hasattr(x, "name")`` / ``getattr(x, "name", ...)`` on a dataset or shard source: a loader asking a dataset
+    which methods it has, instead of the one protocol its source speaks (tbl_loader.source.local)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"hasattr", "getattr"}):
+            continue
+        if len(node.args) < 2 or not isinstance(node.args[1], ast.Constant):
+            continue
+        target = ast.unparse(node.args[0]).lower()
+        if any(word in target for word in ("dataset", "shards", "layout")):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _part(p) in SERVING], ids=lambda p: str(p.relative_to(PKG)))
+def test_no_loader_asks_a_dataset_which_methods_it_has(path):
+    assert not _probes(path), _probes(path)
+
+
+def test_the_probe_rule_catches_a_probe():
+    probe = PKG / "image" / "probe.py"
+    assert _probes(probe, 'if callable(getattr(dataset, "prepare_rows", None)):\n    pass\n')
+    assert _probes(probe, 'x = hasattr(self.shards, "layout")\n')
+    assert not _probes(probe, 'x = getattr(value, "shape", None)\n')
