@@ -151,6 +151,10 @@ class _TokenSource:
         self._ends = self.ends.tolist()
         self._flats: OrderedDict[int, np.ndarray] = OrderedDict()  # flat index -> its shard's token column
         self._keep = max(1, dataset.max_open)
+        # Bounded (a URL's cache holds fewer shards than the stream has): least recently used columns leave.
+        # Unbounded (local): every column stays once read, and a window's lookup is one dict get.
+        self._bounded = len(self.shards) > self._keep
+        self._columns: Any = _LazyColumns(self)  # by flat index; a list once every column is mapped
         self.seq_len = seq_len
         self.seed = seed
         self.shuffle = shuffle
@@ -158,7 +162,10 @@ class _TokenSource:
         self._offset: tuple[int, int] | None = None  # (epoch, window_offset of that epoch)
 
     def begin_pass(self, epoch_order: Any) -> None:
-        """Nothing to schedule: a window maps (and fetches) its shards as it reads them."""
+        """Nothing to schedule (a window maps, and fetches, its shards as it reads them). Unbounded, every
+        shard's column is mapped now, once: a window is then a list index and a slice."""
+        if not self._bounded and not isinstance(self._columns, list):
+            self._columns = [self.flat(i) for i in range(len(self.shards))]
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         return {"tokens": allocate_host((capacity, self.seq_len + 1), self.out_dtype, output)}
@@ -172,7 +179,8 @@ class _TokenSource:
         """Flat ``i``'s tokens (its shard mapped, fetched first for a URL); its row lengths checked then."""
         found = self._flats.get(i)
         if found is not None:
-            self._flats.move_to_end(i)
+            if self._bounded:
+                self._flats.move_to_end(i)
             return found
         shard = self.dataset.shard(self.shards[i])
         lengths = shard.column(_LENGTH)
@@ -191,19 +199,29 @@ class _TokenSource:
         out = buffers["tokens"]
         begin = self.offset(plan.epoch) + plan.sample_ids.astype(np.int64) * t
         shard = np.searchsorted(self.starts, begin, side="right") - 1
-        flat, starts, ends = self.flat, self._starts, self._ends
+        flats, starts, ends = self._columns, self._starts, self._ends
         for b, (s, k) in enumerate(zip(begin.tolist(), shard.tolist(), strict=True)):
             if s + width <= ends[k]:
                 local = s - starts[k]
-                out[b] = flat(k)[local : local + width]
+                out[b] = flats[k][local : local + width]
             else:  # crosses into the next shard(s)
                 at, pos, kk = 0, s, k
                 while at < width:
                     take = min(ends[kk] - pos, width - at)
-                    out[b, at : at + take] = flat(kk)[pos - starts[kk] : pos - starts[kk] + take]
+                    out[b, at : at + take] = flats[kk][pos - starts[kk] : pos - starts[kk] + take]
                     at += take
                     pos += take
                     kk += 1
+
+
+class _LazyColumns:
+    """A source's token columns by flat index, each mapped (a URL's fetched) when a window first reads it."""
+
+    def __init__(self, source: _TokenSource) -> None:
+        self._flat = source.flat
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self._flat(i)
 
 
 class TokenLoader(HostLoader):
