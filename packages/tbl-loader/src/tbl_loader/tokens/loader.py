@@ -140,7 +140,7 @@ class _TokenSource:
     """
 
     def __init__(self, dataset: Any, chunk: int, count: int, seq_len: int, seed: int, shuffle: bool,
-                 out_dtype: np.dtype) -> None:
+                 out_dtype: np.dtype, map_all: bool) -> None:
         self.dataset = dataset
         self.chunk = chunk
         self.shards = [k for k, rows in enumerate(dataset.segment_rows) if rows]  # the shard of each flat
@@ -154,6 +154,7 @@ class _TokenSource:
         # Bounded (a URL's cache holds fewer shards than the stream has): least recently used columns leave.
         # Unbounded (local): every column stays once read, and a window's lookup is one dict get.
         self._bounded = len(self.shards) > self._keep
+        self._map_all = map_all and not self._bounded  # local: every column mapped at the first pass
         self._columns: Any = _LazyColumns(self)  # by flat index; a list once every column is mapped
         self.seq_len = seq_len
         self.seed = seed
@@ -162,9 +163,10 @@ class _TokenSource:
         self._offset: tuple[int, int] | None = None  # (epoch, window_offset of that epoch)
 
     def begin_pass(self, epoch_order: Any) -> None:
-        """Nothing to schedule (a window maps, and fetches, its shards as it reads them). Unbounded, every
-        shard's column is mapped now, once: a window is then a list index and a slice."""
-        if not self._bounded and not isinstance(self._columns, list):
+        """Nothing to schedule (a window maps, and fetches, its shards as it reads them). A local stream maps
+        every shard's column now, once: a window is then a list index and a slice. A URL's stays lazy: only
+        the shards its windows touch are downloaded."""
+        if self._map_all and not isinstance(self._columns, list):
             self._columns = [self.flat(i) for i in range(len(self.shards))]
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
@@ -276,7 +278,8 @@ class TokenLoader(HostLoader):
             cursor = StreamCursor(windows if subset is None else subset.shape[0], options,
                                   dataset_fingerprint=dataset.fingerprint,
                                   settings={"tokens": {"seq_len": seq_len}}, rows=subset)
-            source = _TokenSource(dataset, chunk, count, seq_len, options.seed, options.shuffle, out_dtype)
+            source = _TokenSource(dataset, chunk, count, seq_len, options.seed, options.shuffle, out_dtype,
+                                  map_all=not is_url(path))
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
                                     closers=[dataset.close])
         except BaseException:
