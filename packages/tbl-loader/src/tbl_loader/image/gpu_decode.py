@@ -50,7 +50,6 @@ import numpy as np
 from ..errors import GpuDecodeUnavailableError, ImageGeometryError, JpegDecodeError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
-from ..stream import order
 from ..stream.keys import sample_keys
 from .spec import fit_windows
 from .variable_source import VariableColumns, VariableImageSource
@@ -315,12 +314,7 @@ class GpuJpegSource(VariableImageSource):
 
         ids = plan.sample_ids
         n = ids.shape[0]
-        rows = ids.tolist()
-        if self.verify_rows is not None:
-            self.verify_rows(rows, self.verified_leaves)  # before any byte of these rows is read
-        boxes = self.boxes(plan.epoch, ids)
-        flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
-        values = self.dataset.values(self.image_key, rows)
+        boxes, flip, values = self._read_rows(plan)
         joined = bytearray().join(values)  # one writable host copy of the batch's JPEG bytes, sliced per row
         ends = np.cumsum([len(v) for v in values]).tolist()
         whole = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)

@@ -234,15 +234,20 @@ class VariableImageSource:
         return Batch(outputs["images"], outputs.get("labels"), host_indices(plan.sample_ids, backend),
                      keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields)
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
+    def _read_rows(self, plan: BatchPlan) -> tuple[np.ndarray, Any, list[Any]]:
+        """A batch's boxes, flips (or None) and stored image values, its rows checked first under verify="lazy"."""
         ids = plan.sample_ids
-        n = ids.shape[0]
         rows = ids.tolist()
         if self.verify_rows is not None:
             self.verify_rows(rows, self.verified_leaves)  # before any byte of these rows is read
         boxes = self.boxes(plan.epoch, ids)
         flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
-        values = self.dataset.values(self.image_key, rows)
+        return boxes, flip, self.dataset.values(self.image_key, rows)
+
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
+        ids = plan.sample_ids
+        n = ids.shape[0]
+        boxes, flip, values = self._read_rows(plan)
         if self.columns.store == "raw":
             images = self._raw_views(values, ids)
         else:
