@@ -355,3 +355,39 @@ def test_a_forked_process_reaches_the_store_through_its_helper(s3_server, rows_u
     got = os.read(read, 1) if ready else b"hung"
     os.waitpid(pid, 0)
     assert got == b"\x00"
+
+
+def test_mix_of_a_remote_and_a_local_dataset_equals_the_local_mix(s3_server, local_rows, rows_url, tmp_path):
+    from tbl_loader import Mix
+
+    def stream(first):
+        with Mix([first, PyTreeDataset(local_rows)], weights=(0.6, 0.4), epoch_size=200, batch_size=16, seed=3,
+                 prefetch=0, return_sources=True) as mix:
+            return list(mix)
+
+    sizes = _shard_bytes(local_rows)
+    remote = PyTreeDataset(rows_url, cache_dir=tmp_path, cache_limit=sum(sizes) // 4,
+                           storage_options=s3_server.storage_options)
+    got, want = stream(remote), stream(PyTreeDataset(local_rows))
+    assert len(got) == len(want)
+    for (gb, gs), (wb, ws) in zip(got, want, strict=True):
+        assert np.array_equal(gs, ws)
+        assert_tree_equal(gb, wb)
+
+
+def test_two_ranks_over_a_url_split_the_one_rank_stream(s3_server, local_rows, rows_url, tmp_path):
+    opts = dict(batch_size=8, shuffle="block", seed=5, backend="numpy", return_indices=True, padding="drop")
+    with PyTreeLoader(local_rows, **opts) as one:
+        whole = np.sort(np.concatenate([idx for _, idx in one]))
+    seen = []
+    for rank in range(2):
+        with PyTreeLoader(rows_url, rank=rank, world_size=2, cache_dir=tmp_path,
+                          storage_options=s3_server.storage_options, **opts) as part, \
+                PyTreeLoader(local_rows, rank=rank, world_size=2, **opts) as local_part:
+            for (gb, gi), (wb, wi) in zip(part, local_part, strict=True):
+                assert np.array_equal(gi, wi)
+                assert_tree_equal(gb, wb)
+                seen.append(gi)
+    seen = np.concatenate(seen)
+    assert len(np.unique(seen)) == len(seen)  # disjoint ranks
+    assert set(seen.tolist()) <= set(whole.tolist())
