@@ -83,26 +83,30 @@ def test_default_collate_stacks_the_same_samples(dataset_path):
     loader.close()
 
 
-def test_len_is_the_batches_left(dataset_path):
+def test_len_is_the_epoch_and_batches_left_the_rest(dataset_path):
     loader = _loader(dataset_path, batch_size=10, seed=1)
-    assert len(loader) == 11
+    assert len(loader) == loader.batches_left == 11
     it = iter(loader)
     for _ in range(4):
         next(it)
     del it  # break
-    assert len(loader) == 7 == len(EpochBatchSampler(loader)) == len(list(loader))
-    assert len(loader) == 11  # the next epoch is whole again
+    sampler = EpochBatchSampler(loader)
+    assert len(loader) == len(sampler) == 11  # the epoch's length does not move with the position
+    assert loader.batches_left == sampler.batches_left == 7 == len(list(sampler)) == len(list(loader))
+    assert len(loader) == loader.batches_left == 11  # the next epoch is whole again
     state_loader = _loader(dataset_path, batch_size=10, seed=1)
     it = iter(state_loader)
     next(it)
     state = state_loader.state_dict()
     resumed = _loader(dataset_path, batch_size=4, seed=1)
     resumed.load_state_dict(state)
-    assert len(resumed) == len(list(resumed)) == -(-(101 - 10) // 4)
+    assert len(resumed) == -(-101 // 4)
+    assert resumed.batches_left == len(list(resumed)) == -(-(101 - 10) // 4)
     two = [_loader(dataset_path, batch_size=4, seed=1, rank=r, world_size=2) for r in range(2)]
     for x in two:
         x.load_state_dict(state)
-        assert len(x) == len(list(x)) == 12  # ceil(ceil(91 / 2) / 4)
+        assert x.batches_left == len(list(x)) == 12  # ceil(ceil(91 / 2) / 4)
+        assert len(x) == 13  # ceil(ceil(101 / 2) / 4)
     for x in (loader, state_loader, resumed, *two):
         x.close()
 

@@ -107,13 +107,19 @@ class PassPlan:
 class EpochBatchSampler:
     """The batches of ``loader``'s current epoch on its rank, from its current position, as :class:`EpochBatch`.
 
-    Iterating does not move the loader; ``len()`` is the number of batches, as ``len(loader)``.
+    Iterating does not move the loader; ``len()`` is a whole epoch's batches, as ``len(loader)``, and
+    :attr:`batches_left` what one iteration yields.
     """
 
     def __init__(self, loader: Any) -> None:
         self.cursor = loader.cursor
 
     def __len__(self) -> int:
+        return self.cursor.num_batches()
+
+    @property
+    def batches_left(self) -> int:
+        """Batches the next iteration yields: the rest of the loader's epoch from its position."""
         return self.cursor.batches_left()
 
     def __iter__(self) -> Iterator[EpochBatch]:

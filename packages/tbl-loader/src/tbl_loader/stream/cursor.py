@@ -263,8 +263,16 @@ class Resumable:
         return self.cursor.epoch_order()
 
     def __len__(self) -> int:
-        """Batches the next ``iter(loader)`` yields on this rank: a full epoch at an epoch's start, the
-        batches left after a resume or a ``break`` (so progress bars show the truth)."""
+        """Batches of one whole epoch on this rank, wherever the loader stands.
+
+        Training frameworks read ``len(loader)`` as the epoch's length and count resumed steps into it
+        (Lightning ends an epoch early otherwise); what the next pass still yields is :attr:`batches_left`."""
+        return self.cursor.num_batches()
+
+    @property
+    def batches_left(self) -> int:
+        """Batches the next ``iter(loader)`` yields on this rank: ``len(loader)`` at an epoch's start, the
+        rest of the epoch after a resume or a ``break`` (what a progress bar of this pass should show)."""
         return self.cursor.batches_left()
 
     def __enter__(self) -> Any:
