@@ -102,7 +102,7 @@ def test_get_batch_equals_stacked_items(sharded, max_open):
     assert_tree_equal(ds.get_batch([]), stacked(ds, []))
     assert_tree_equal(ds.get_batch([-1, 0]), stacked(ds, [N - 1, 0]))
     # Only variable-size leaves: negative rows take the same path through the full index check.
-    names = PyTreeDataset(sharded, leaves=["name", "raw"], max_open=max_open)
+    names = PyTreeDataset(sharded, fields=["name", "raw"], max_open=max_open)
     assert names.get_batch(np.array([-1, 0, 5])) == {"name": [ds[N - 1]["name"], ds[0]["name"], ds[5]["name"]],
                                                     "raw": [ds[N - 1]["raw"], ds[0]["raw"], ds[5]["raw"]]}
 
@@ -138,14 +138,19 @@ def test_pad_mode(sharded):
 
 
 def test_leaf_selection_prunes_the_tree(sharded):
-    ds = PyTreeDataset(sharded, leaves=["id", "nest/1/1"])
+    ds = PyTreeDataset(sharded, fields=["id", "nest/1/1"])
     assert ds.leaf_paths == ["id", "nest/1/1"]
     assert ds[8] == {"id": 8, "nest": [(8 / 7,)]}
     b = ds.get_batch([8, 9])
     assert list(b) == ["id", "nest"] and np.array_equal(b["id"], [8, 9])
     assert list(ds)[8] == {"id": 8, "nest": [(8 / 7,)]}
     with pytest.raises(KeyError, match="no leaves"):
-        PyTreeDataset(sharded, leaves=["nope"])
+        PyTreeDataset(sharded, fields=["nope"])
+    with pytest.warns(DeprecationWarning, match="leaves= is now fields="):
+        older = PyTreeDataset(sharded, leaves=["id", "nest/1/1"])  # the older keyword, same selection
+    assert older.leaf_paths == ds.leaf_paths and older[8] == ds[8]
+    with pytest.raises(TypeError, match="fields= only"):
+        PyTreeLoader(sharded, 4, fields=["id"], leaves=["id"])
 
 
 def test_pickle_drops_maps_and_reopens(sharded):
@@ -277,7 +282,7 @@ def test_loader_batches_match_get_batch(sharded):
 
 
 def test_loader_leaf_selection_and_drop_last(sharded):
-    loader = PyTreeLoader(sharded, 25, shuffle=False, drop_last=True, leaves=["arr"], backend="numpy")
+    loader = PyTreeLoader(sharded, 25, shuffle=False, drop_last=True, fields=["arr"], backend="numpy")
     batches = list(loader)
     assert len(batches) == len(loader) == 4
     assert list(batches[0]) == ["arr"] and batches[0]["arr"].shape == (25, 2, 3)

@@ -7,7 +7,7 @@ import pytest
 from conftest import write_dataset
 
 import tbl_format
-from tbl_loader import ImageLoader, PyTreeLoader
+from tbl_loader import ImageLoader, PyTreeDataset, PyTreeLoader
 from tbl_loader.source import VERIFY_MODES
 
 ROWS = 300
@@ -74,6 +74,27 @@ def test_pytree_loader_lazy_verify(tmp_path):
         with pytest.raises(tbl_format.DataChecksumError):
             for _ in loader:
                 pass
+
+
+def test_pytree_dataset_takes_the_same_verify_modes(tmp_path):
+    rows = [{"id": i, "vec": np.full(512, i, dtype=np.float64)} for i in range(ROWS)]  # 4 KiB per row
+    path = tbl_format.write(rows, tmp_path / "rows.tbl")
+    _flip_a_byte_of(path, rows[BAD_ROW]["vec"].tobytes())
+    with pytest.raises(tbl_format.DataChecksumError):
+        PyTreeDataset(path, verify="open")
+    lazy = PyTreeDataset(path, verify="lazy")  # rows 256.. lie in the second 1 MiB block, the bad one in the first
+    assert lazy[280]["id"] == 280 and np.array_equal(lazy.get_batch([290, 291])["vec"], [r["vec"] for r in rows[290:292]])
+    bad_block_reads = [lambda: lazy[BAD_ROW], lambda: lazy[BAD_ROW - ROWS], lambda: lazy.get_batch([0, BAD_ROW]),
+                       lambda: lazy.collate_row([BAD_ROW], 0), lambda: list(lazy)]
+    for read in bad_block_reads:
+        with pytest.raises(tbl_format.DataChecksumError):
+            read()
+    with pytest.raises(IndexError):
+        lazy[ROWS]
+    never = PyTreeDataset(path)  # "never": the flipped byte is served, as documented
+    assert not np.array_equal(never[BAD_ROW]["vec"], rows[BAD_ROW]["vec"])
+    for ds in (lazy, never):
+        ds.close()
 
 
 @pytest.mark.parametrize("bad", ["sometimes", 1, None])

@@ -119,7 +119,7 @@ def _map_style(source: Any) -> Any:
     if isinstance(source, ImageLoader):
         return ImageDataset.from_loader(source)
     if isinstance(source, PyTreeLoader):
-        return PyTreeDataset(source.path, leaves=source.leaf_paths, var=source.collator.var_mode,
+        return PyTreeDataset(source.path, fields=source.leaf_paths, var=source.collator.var_mode,
                              rows=source.cursor.rows)
     if not (hasattr(source, "__len__") and callable(getattr(source, "get_batch", None))):
         raise MixError(f"a Mix source is a map-style dataset (len, get_batch) or a loader, got {type(source).__name__}")

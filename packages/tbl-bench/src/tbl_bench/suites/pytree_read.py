@@ -7,7 +7,7 @@ Workload: 80,000 rows (20,000 in a quick run) of ``{"id": int, "score": float,
 tbl/iter           ``for row in PyTreeDataset(path)`` (file order)
 tbl/item           ``ds[i]`` over a random permutation of every row
 tbl/batch-fixed    ``get_batch`` of 256 random rows, fixed-size leaves
-                   (``leaves=["id", "score", "flag"]``)
+                   (``fields=["id", "score", "flag"]``)
 tbl/batch-all      ``get_batch`` of 256 random rows, every leaf (str included)
 ram/take-fixed     ceiling: ``np.take`` of the same three columns held in RAM
 litdata/iter       baseline: ``for row in StreamingDataset(dir)`` (litdata 0.2.76, file order)
@@ -113,7 +113,7 @@ def tbl_reads(path: str, op: str, rows: int):
 
     if op not in TBL_OPS:
         raise ValueError(f"op must be one of {TBL_OPS}, got {op!r}")
-    ds = PyTreeDataset(path, leaves=FIXED_LEAVES if op == "batch-fixed" else None)
+    ds = PyTreeDataset(path, fields=FIXED_LEAVES if op == "batch-fixed" else None)
     return _Reads(ds, op, rows, rows)
 
 

@@ -25,7 +25,7 @@ gathered by the kernel like any fixed-size leaf; a variable-size one is, with ``
 list with None where a row holds None, and with ``var="pad"`` a :class:`Masked` pair around the
 :class:`Padded` pair (a None row padded as an empty one) where the leaf pads, else the list.
 
-Pruning (``leaves=``): a dict keeps the keys under which a selected leaf lives;
+Pruning (``fields=``): a dict keeps the keys under which a selected leaf lives;
 a list or tuple keeps its selected elements, in order.
 
 A :class:`RowSource` is what a batch is read from: an open ``tbl_format.Dataset``
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,9 +48,24 @@ from tbl_format import DEFAULT_MAX_OPEN, KINDS, Kind, Leaf, Schema
 
 from .._kernels import kernels
 
-__all__ = ["VAR_MODES", "Collator", "FixedLeaf", "Masked", "Padded", "RowSource", "VarLeaf", "torch_column"]
+__all__ = ["VAR_MODES", "Collator", "FixedLeaf", "Masked", "Padded", "RowSource", "VarLeaf", "field_paths",
+           "torch_column"]
 
 VAR_MODES = ("list", "pad")
+
+
+
+def field_paths(fields: Iterable[str] | None, leaves: Iterable[str] | None) -> list[str] | None:
+    """The ``fields=`` argument of the pytree readers, accepting the older spelling ``leaves=``.
+
+    Every loader names the sample leaves it serves ``fields=`` (ImageLoader's extra leaves, the pytree
+    readers' selection); ``leaves=`` still works with a DeprecationWarning."""
+    if leaves is not None:
+        if fields is not None:
+            raise TypeError("pass fields= only (leaves= is its older name)")
+        warnings.warn("leaves= is now fields= (the name every loader uses)", DeprecationWarning, stacklevel=3)
+        fields = leaves
+    return None if fields is None else list(fields) if not isinstance(fields, str) else fields  # type: ignore[return-value]
 
 
 class Padded(NamedTuple):
@@ -159,13 +175,13 @@ class Collator:
             paths = all_paths
         else:
             if isinstance(leaves, str):
-                raise TypeError("leaves must be a list of leaf paths, not a single string")
+                raise TypeError("fields must be a list of leaf paths, not a single string")
             wanted = list(leaves)
             unknown = [p for p in wanted if p not in schema.leaves]
             if unknown:
                 raise KeyError(f"no leaves {unknown} in this dataset; its leaves are {all_paths}")
             if not wanted:
-                raise ValueError("leaves is empty: select at least one leaf")
+                raise ValueError("fields is empty: select at least one leaf")
             chosen = set(wanted)
             paths = [p for p in all_paths if p in chosen]
         self.schema = schema

@@ -34,8 +34,9 @@ import tbl_format
 from tbl_format import DEFAULT_MAX_OPEN
 
 from ..source.storage import is_url
+from ..source.verify import verify_mode
 from ..stream.subset import resolve_rows
-from .batch import Collator, RowSource
+from .batch import Collator, RowSource, field_paths
 
 __all__ = ["CollatedBatch", "PyTreeDataset", "as_indices", "collate_identity", "collate_tensors"]
 
@@ -124,17 +125,19 @@ class PyTreeDataset:
     """Map-style dataset over a ``.tbl`` file or dataset directory of sample pytrees.
 
     ``path``: a ``.tbl`` file, a TurboLoader v2 file or a dataset directory.
-    ``leaves``: leaf paths to read (default: all); the pytree is pruned to them.
+    ``fields``: leaf paths to read (default: all); the pytree is pruned to them (``leaves=`` is
+    the older name, still accepted).
     ``var``: ``"list"`` or ``"pad"``, how ``get_batch`` returns variable-size leaves.
     ``copy_arrays``: ``ds[i]`` returns writable copies of array leaves instead of
     read-only views of the map. ``max_open``: shards mapped at once.
-    ``verify``: check every data checksum of every shard whenever the dataset is
-    opened (on creation, and again in a process that maps it after pickling or
-    ``close()``). ``rows`` / ``subsample``: the dataset is that subset of rows
-    (:mod:`tbl_loader.stream.subset`): ``len(ds)`` is its size and ``ds[i]`` its ``i``-th row.
-    A URL (``s3://bucket/prefix/``, needs ``tbl-loader[remote]``) is downloaded
-    whole into the shard cache (``cache_dir``, ``cache_limit``, which must hold
-    it; ``storage_options`` for the store) and served from there.
+    ``verify`` (``"never"``, ``"open"``, ``"lazy"``, as on every loader: :mod:`tbl_loader.source.verify`):
+    ``"open"`` checks every data checksum of every shard whenever the dataset is opened (on
+    creation, and again in a process that maps it after pickling or ``close()``); ``"lazy"``
+    checks each data block the first time a read touches it. ``rows`` / ``subsample``: the
+    dataset is that subset of rows (:mod:`tbl_loader.stream.subset`): ``len(ds)`` is its size
+    and ``ds[i]`` its ``i``-th row. A URL (``s3://bucket/prefix/``, needs ``tbl-loader[remote]``)
+    streams through the shard cache (``cache_dir``, ``cache_limit``; ``storage_options`` for
+    the store): a read downloads just the shards it touches.
 
     Return types of ``ds[i]``: int leaves -> ``int``, float -> ``float``, bool ->
     ``bool``, str -> ``str``, bytes and encoded images -> ``bytes``, var_list ->
@@ -148,17 +151,20 @@ class PyTreeDataset:
         self,
         path: str | os.PathLike[str],
         *,
-        leaves: list[str] | None = None,
+        fields: list[str] | None = None,
         var: str = "list",
         copy_arrays: bool = False,
         max_open: int = DEFAULT_MAX_OPEN,
-        verify: bool = False,
+        verify: str | bool = "never",
         cache_dir: Any = None,
         cache_limit: Any = None,
         storage_options: dict[str, Any] | None = None,
         rows: Any = None,
         subsample: float | None = None,
+        leaves: list[str] | None = None,
     ) -> None:
+        fields = field_paths(fields, leaves)
+        verify = verify_mode(verify)
         # A URL streams through the local shard cache: a read maps (downloading first) just the shards
         # it needs. The opener is a picklable partial, so a DataLoader worker opens its own client.
         self._open_remote: Any = None
@@ -167,13 +173,13 @@ class PyTreeDataset:
 
             self.url = path
             self._open_remote = functools.partial(open_streaming, path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                                  storage_options=storage_options, verify_data=bool(verify))
+                                                  storage_options=storage_options, verify_data=verify == "open")
         self.path = path if is_url(path) else Path(path)
-        self._leaves = None if leaves is None else list(leaves)
+        self._fields = fields
         self._var = var
         self._copy_arrays = bool(copy_arrays)
         self._max_open = max_open
-        self._verify = bool(verify)
+        self._verify = verify
         self._source: RowSource | None = None
         self._item: Any = None
         self._rows: np.ndarray | None = None
@@ -198,19 +204,29 @@ class PyTreeDataset:
             dataset = self._open_remote()
             source = RowSource(None, dataset=dataset, own_dataset=True, max_open=min(self._max_open, dataset.max_open))
         else:
-            source = RowSource(self.path, max_open=self._max_open, verify=self._verify)
+            source = RowSource(self.path, max_open=self._max_open, verify=self._verify == "open")
         try:
             expected = getattr(self, "_fingerprint", None)
             if expected is not None and source.fingerprint != expected:
                 raise tbl_format.DatasetChangedError(
                     f"{self.path}: the dataset changed since this PyTreeDataset was created"
                 )
-            collator = Collator(source.schema, self._leaves, self._var, self._copy_arrays)
+            collator = Collator(source.schema, self._fields, self._var, self._copy_arrays)
         except BaseException:
             source.close()
             raise
         self._collator = collator
         get = source.get
+        if self._verify == "lazy":
+            # verify="lazy": a row's data blocks are checked before the first read of them.
+            check, paths, n = source.dataset.verify_rows, list(collator.paths), source.num_rows
+
+            def get(i: int, _get: Any = get) -> Any:
+                row = i + n if i < 0 else i
+                if 0 <= row < n:  # else _get raises the IndexError plain reads raise
+                    check([row], paths)
+                return _get(i)
+
         if not collator.identity:
             select = collator.select
 
@@ -252,8 +268,13 @@ class PyTreeDataset:
         """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring)."""
         source = self._ensure()
         collator = self._collator
-        if self._rows is not None:
-            return collator.batch(source, np.ascontiguousarray(self._rows[as_indices(indices, self._len)]))
+        if self._rows is not None or self._verify == "lazy":
+            rows = as_indices(indices, self._len)
+            if self._rows is not None:
+                rows = np.ascontiguousarray(self._rows[rows])
+            if self._verify == "lazy":
+                source.dataset.verify_rows(rows.tolist(), list(collator.paths))
+            return collator.batch(source, rows)
         if not isinstance(indices, range):
             idx = np.asarray(indices)
             if idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous:
@@ -278,9 +299,11 @@ class PyTreeDataset:
         i = indices[k]
         if self._row_copier is None:
             self._ensure()
-            self._row_copier = Collator(self.schema, self._leaves, self._var, copy_arrays=True).select
+            self._row_copier = Collator(self.schema, self._fields, self._var, copy_arrays=True).select
         source = self._ensure()
         row = int(self._rows[i]) if self._rows is not None else _index(i)
+        if self._verify == "lazy":
+            source.dataset.verify_rows([row + source.num_rows if row < 0 else row], list(self._collator.paths))
         return self._row_copier(source.get(row))
 
     def __iter__(self) -> Iterator[Any]:
@@ -288,8 +311,10 @@ class PyTreeDataset:
         if self._rows is not None:
             return (self[i] for i in range(self._len))
         source = self._ensure()
-        rows = iter(source)
         collator = self._collator
+        if self._verify == "lazy":
+            source.dataset.verify_rows(list(range(source.num_rows)), list(collator.paths))
+        rows = iter(source)
         if collator.identity:
             return rows
         return map(collator.select, rows)

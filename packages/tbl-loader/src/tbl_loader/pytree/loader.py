@@ -29,7 +29,7 @@ from ..stream.cursor import StreamCursor, StreamOptions
 from ..stream.order import BatchPlan
 from ..stream.state import pytree_fingerprint_v0_1
 from ..stream.subset import resolve_rows
-from .batch import Collator, RowSource, torch_column
+from .batch import Collator, RowSource, field_paths, torch_column
 
 __all__ = ["PyTreeLoader"]
 
@@ -77,10 +77,11 @@ class PyTreeLoader(HostLoader):
     prepared ahead on a producer thread; 0 = no thread), ``device`` and
     ``pin_memory`` behave exactly as in :class:`tbl_loader.ImageLoader` (same code:
     :class:`tbl_loader.stream.cursor.StreamCursor` and :class:`tbl_loader.host.pipeline.HostPipeline`).
-    ``leaves`` selects leaf paths; ``max_open`` bounds the shards mapped at once;
+    ``fields`` selects leaf paths (``leaves=`` is its older name); ``max_open`` bounds the shards mapped at once;
     ``verify`` (``"never"``, ``"open"``, ``"lazy"``) is as in ImageLoader (:mod:`tbl_loader.source.verify`).
-    ``shuffle="block"`` is as in ImageLoader. A URL ``path`` is downloaded whole into the shard
-    cache (``cache_dir``, ``cache_limit``, ``storage_options``; needs ``tbl-loader[remote]``).
+    ``shuffle="block"`` is as in ImageLoader. A URL ``path`` streams through the shard cache
+    (``cache_dir``, ``cache_limit``, ``storage_options``; needs ``tbl-loader[remote]``): each
+    batch downloads just the shards it reads.
     ``rows`` / ``subsample`` serve a subset (:mod:`tbl_loader.stream.subset`).
 
     Ring buffers are reused only after every view of a batch was dropped; keep
@@ -96,7 +97,7 @@ class PyTreeLoader(HostLoader):
         seed: int = 0,
         drop_last: bool = False,
         var: str = "list",
-        leaves: list[str] | None = None,
+        fields: list[str] | None = None,
         prefetch: int = 2,
         rank: int | None = None,
         world_size: int | None = None,
@@ -112,7 +113,9 @@ class PyTreeLoader(HostLoader):
         storage_options: dict[str, Any] | None = None,
         rows: Any = None,
         subsample: float | None = None,
+        leaves: list[str] | None = None,
     ) -> None:
+        fields = field_paths(fields, leaves)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
@@ -128,7 +131,7 @@ class PyTreeLoader(HostLoader):
         else:
             source = RowSource(path, max_open=max_open, verify=verify == "open")
         try:
-            collator = Collator(source.schema, leaves, var)
+            collator = Collator(source.schema, fields, var)
             subset = resolve_rows(source.num_rows, rows, subsample)
             cursor = StreamCursor(source.num_rows if subset is None else subset.shape[0], options,
                                   dataset_fingerprint=source.dataset.fingerprint,
