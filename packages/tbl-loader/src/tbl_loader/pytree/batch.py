@@ -37,8 +37,8 @@ shards with one kernel call.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
