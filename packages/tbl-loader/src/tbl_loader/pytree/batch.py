@@ -65,7 +65,9 @@ def field_paths(fields: Iterable[str] | None, leaves: Iterable[str] | None) -> l
             raise TypeError("pass fields= only (leaves= is its older name)")
         warnings.warn("leaves= is now fields= (the name every loader uses)", DeprecationWarning, stacklevel=3)
         fields = leaves
-    return None if fields is None else list(fields) if not isinstance(fields, str) else fields  # type: ignore[return-value]
+    if fields is None or isinstance(fields, str):
+        return fields  # type: ignore[return-value]  # (a single string is refused by name by the Collator)
+    return list(fields)
 
 
 class Padded(NamedTuple):
