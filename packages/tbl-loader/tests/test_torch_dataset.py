@@ -124,3 +124,27 @@ def test_numpy_backend_and_unlabelled(tmp_path, images):
     with pytest.raises(TypeError, match="not both"):
         ImageDataset(path, spec=ds.spec, hflip=0.5)
     ds.close()
+
+
+class _AsIterable(torch.utils.data.IterableDataset):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_loader_refuses_to_run_in_several_dataloader_workers(dataset_path, workers):
+    """Each of several workers would serve the whole epoch: refused by name. One worker serves it once."""
+    from tbl_loader.errors import LoaderInWorkersError
+
+    with _loader(dataset_path, batch_size=10, seed=1) as loader:
+        dl = DataLoader(_AsIterable(loader), batch_size=None, num_workers=workers, multiprocessing_context="fork",
+                        timeout=120)
+        if workers > 1:
+            with pytest.raises(LoaderInWorkersError, match="would serve every batch 2 times"):
+                list(dl)
+        else:
+            rows = torch.cat([b[2] for b in dl])  # (images, labels, indices)
+            assert sorted(rows.tolist()) == list(range(101))

@@ -32,6 +32,7 @@ __all__ = [
     "KernelsFeatureError",
     "LoaderClosedError",
     "LoaderError",
+    "LoaderInWorkersError",
     "MixError",
     "NotRegularFileError",
     "OrderError",
@@ -106,6 +107,10 @@ class TokenError(LoaderError, ValueError):
 
 class LoaderClosedError(LoaderError, RuntimeError):
     """The loader was closed; it cannot be iterated any more."""
+
+
+class LoaderInWorkersError(LoaderError, RuntimeError):
+    """A loader iterated inside torch DataLoader workers: each worker would serve the whole epoch."""
 
 
 class ProducerClosedError(LoaderError, RuntimeError):

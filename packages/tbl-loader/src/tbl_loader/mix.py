@@ -59,6 +59,7 @@ import numpy as np
 
 from .errors import MixError
 from .host.batch import Batch
+from .host.pipeline import refuse_dataloader_workers
 from .host.producer import Producer
 from .image.loader import ImageLoader
 from .image.torch_dataset import EpochBatch, ImageDataset
@@ -189,6 +190,7 @@ class Mix(Resumable):
             producer.close()
 
     def __iter__(self) -> Iterator[Any]:
+        refuse_dataloader_workers(self)
         self._stop()
         started = self.cursor.start_pass()
         if started is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .batch import Batch
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
-from .pipeline import BatchSource, HostLoader, HostPipeline
+from .pipeline import BatchSource, HostLoader, HostPipeline, refuse_dataloader_workers
 from .producer import Producer
 from .shared_loop import shared_loop
 from .transforms import TransformStage
@@ -26,5 +26,6 @@ __all__ = [
     "Producer",
     "TransformStage",
     "allocate_host",
+    "refuse_dataloader_workers",
     "shared_loop",
 ]

@@ -23,6 +23,7 @@ transform on it; the consumer only moves the result to the device. A
 
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -30,14 +31,30 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import LoaderClosedError
+from ..errors import LoaderClosedError, LoaderInWorkersError
 from ..stream.cursor import Resumable, StreamCursor
 from ..stream.order import BatchPlan
 from .output import HostArray, OutputSpec
 from .producer import Producer
 from .ring import Ring, Slot
 
-__all__ = ["BatchSource", "HostLoader", "HostPipeline"]
+__all__ = ["BatchSource", "HostLoader", "HostPipeline", "refuse_dataloader_workers"]
+
+
+def refuse_dataloader_workers(loader: object) -> None:
+    """Raise LoaderInWorkersError when ``loader`` is iterated inside one of several torch DataLoader workers.
+
+    A loader is already parallel and holds the whole epoch's order: wrapped as an iterable dataset in a
+    DataLoader with ``num_workers > 1``, every worker would serve every batch (duplicates that train
+    silently). One worker, or no DataLoader, serves each batch once."""
+    data = sys.modules.get("torch.utils.data")  # torch is never imported here for this check
+    info = data.get_worker_info() if data is not None else None
+    if info is not None and info.num_workers > 1:
+        name = type(loader).__name__
+        raise LoaderInWorkersError(
+            f"{name} iterated in {info.num_workers} DataLoader workers would serve every batch {info.num_workers} "
+            f"times; iterate {name} itself (it prefetches on its own thread), or give the DataLoader a map-style "
+            "dataset (ImageDataset.from_loader + EpochBatchSampler, PyTreeDataset)")
 
 
 class BatchSource(Protocol):
@@ -240,6 +257,7 @@ class HostLoader(Resumable):
     prefetch = property(lambda self: self._pipeline.prefetch, doc="Batches prepared ahead by the producer.")
 
     def __iter__(self) -> Iterator[Any]:
+        refuse_dataloader_workers(self)
         return self._pipeline.run(self.cursor, self._make_batch)
 
     def close(self) -> None:
