@@ -520,3 +520,29 @@ def test_the_reader_waits_for_the_fetchers_own_download():
     finally:
         release.set()
         fetcher.close()
+
+
+def test_a_batch_downloads_its_shards_side_by_side():
+    """fetch_now runs a batch's downloads concurrently (a global shuffle touches many shards at once)."""
+    import threading
+
+    from tbl_loader.source.fetcher import Fetcher
+
+    lock, active, most, calls = threading.Lock(), [0], [0], []
+    everyone = threading.Barrier(3, timeout=10)  # passes only if the three downloads run at the same time
+
+    def fetch(k):
+        with lock:
+            calls.append(k)
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        everyone.wait()
+        with lock:
+            active[0] -= 1
+
+    fetcher = Fetcher(fetch, lookahead=0, concurrency=4)
+    try:
+        fetcher.fetch_now([7, 3, 9])
+        assert sorted(calls) == [3, 7, 9] and most[0] == 3 and not everyone.broken
+    finally:
+        fetcher.close()

@@ -69,6 +69,21 @@ class Fetcher:
         except Exception:
             pass  # reported by the loader's own fetch of this shard, on the consumer's side
 
+    def fetch_now(self, shards: list[int]) -> None:
+        """Download ``shards`` in parallel (up to ``concurrency`` at a time), joining downloads already under
+        way, and wait for all of them, however they end: a batch that reads many shards waits for the
+        slowest one instead of for their sum. Errors are left to the reader's own fetch, as above."""
+        with self._lock:
+            if self._closed:
+                return
+            for k in shards:
+                if k not in self._pending or self._pending[k].done():
+                    self._pending[k] = self._pool.submit(self._quiet_fetch, k)
+            waiting = [self._pending[k] for k in shards]
+        for f in waiting:
+            if not f.cancelled():
+                f.exception()
+
     def join(self, k: int) -> None:
         """If shard ``k``'s download is under way here, wait for it to end (however it ends): the reader then
         finds the shard cached instead of queueing for its lock behind this process's own download."""

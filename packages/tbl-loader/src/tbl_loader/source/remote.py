@@ -167,6 +167,16 @@ class RemoteDataset:
             # call unmaps) and the fetcher's position has not moved.
             if shards == self._prepared:
                 return
+            # A batch over many shards (a global shuffle) downloads them side by side, as many at a time
+            # as the cache holds beside the maps, each group mapped (so held) before the next evicts.
+            missing = [k for k in shards if k not in self._mapped]
+            width = max(1, self.max_mapped - 1)
+            for at in range(0, len(missing), width):
+                group = missing[at:at + width]
+                if len(group) > 1:
+                    self.fetcher.fetch_now(group)
+                for k in group:
+                    self._map(k)
             for k in shards:
                 self._map(k)
             self._unmap_beyond(set(shards))
