@@ -391,3 +391,35 @@ def test_two_ranks_over_a_url_split_the_one_rank_stream(s3_server, local_rows, r
     seen = np.concatenate(seen)
     assert len(np.unique(seen)) == len(seen)  # disjoint ranks
     assert set(seen.tolist()) <= set(whole.tolist())
+
+
+def test_a_streamed_dataset_downloads_ahead_of_its_reads(s3_server, local_rows, rows_url, tmp_path):
+    """Dataset.read_ahead hands the fetcher a pass's shard order: it downloads ahead, within the cache."""
+    from tbl_loader.source.remote import open_streaming
+
+    sizes = _shard_bytes(local_rows)
+    ds = open_streaming(rows_url, cache_dir=tmp_path, cache_limit=sum(sizes) // 4,
+                        storage_options=s3_server.storage_options)
+    try:
+        hook = ds._fetch_shard
+        assert hook.lookahead == 4 and hook.cache.downloads == 0
+        ds.read_ahead([9, 3, 40, 7, 12, 50])
+        hook._clients()[2].wait()
+        assert hook.cache.downloads == 4  # the first `lookahead` shards of the order, before any read
+        assert ds[9 * SHARD_ROWS]["id"] == 9 * SHARD_ROWS  # from the cache; the reads reached the order's first
+        hook._clients()[2].wait()
+        assert hook.cache.downloads == 5  # ... so the window moved by one: shard 12 came
+        ds[3 * SHARD_ROWS]
+        hook._clients()[2].wait()
+        assert hook.cache.downloads == 6  # and again: shard 50
+    finally:
+        ds.close()
+        ds._fetch_shard.close()
+
+
+def test_a_local_dataset_ignores_read_ahead(local_rows):
+    ds = tbl_format.open(local_rows)
+    ds.read_ahead([1, 2])  # every shard is on disk: nothing to do
+    assert ds.open_shards == 0
+    with pytest.raises(ValueError, match="read_ahead goes with a fetch_shard"):
+        tbl_format.open(local_rows, read_ahead=lambda shards: None)

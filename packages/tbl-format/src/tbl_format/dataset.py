@@ -53,17 +53,24 @@ __all__ = ["DEFAULT_MAX_OPEN", "Dataset", "open"]
 FetchShard = Callable[[int], "str | os.PathLike[str]"]
 """``fetch_shard(k)``: make shard ``k`` of a dataset directory present and return its file's path."""
 
+ReadAhead = Callable[[list[int]], None]
+"""``read_ahead(shards)``: the shards reads will need next, in the order they first need them."""
+
 
 def open(path: str | os.PathLike[str], *, verify: bool = False, max_open: int = DEFAULT_MAX_OPEN,
-         fetch_shard: FetchShard | None = None) -> Dataset:
+         fetch_shard: FetchShard | None = None, read_ahead: ReadAhead | None = None) -> Dataset:
     """Open a .tbl file, a TBL v2 file or a dataset directory; validates headers now (and every checksum if verify).
 
     ``fetch_shard`` (a dataset directory only): called with a shard's index each time the
     shard is opened, before it is mapped; it returns the path of the shard's file, which it
     may have just made (a cache of a remote dataset downloads it). The file is then checked
     against the manifest like any shard. Without it, shards are the files beside the manifest.
+    ``read_ahead`` (with ``fetch_shard``): what :meth:`Dataset.read_ahead` passes its shards
+    to, so the fetcher can make them present before they are opened.
     """
-    ds = Dataset(path, verify=verify, max_open=max_open, fetch_shard=fetch_shard)
+    if read_ahead is not None and fetch_shard is None:
+        raise ValueError("read_ahead goes with a fetch_shard hook")
+    ds = Dataset(path, verify=verify, max_open=max_open, fetch_shard=fetch_shard, read_ahead=read_ahead)
     ds._open()
     return ds
 
@@ -73,8 +80,10 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _restore(path: str, fingerprint: str, max_open: int, fetch_shard: FetchShard | None = None) -> Dataset:
-    return Dataset(path, max_open=max_open, expect_fingerprint=fingerprint, fetch_shard=fetch_shard)
+def _restore(path: str, fingerprint: str, max_open: int, fetch_shard: FetchShard | None = None,
+             read_ahead: ReadAhead | None = None) -> Dataset:
+    return Dataset(path, max_open=max_open, expect_fingerprint=fingerprint, fetch_shard=fetch_shard,
+                   read_ahead=read_ahead)
 
 
 class Dataset:
@@ -82,7 +91,7 @@ class Dataset:
 
     ``len(ds)``; ``ds[i]``; ``ds[a:b]`` (a list of rows); ``ds.values(leaf, rows)``; ``iter(ds)``; ``ds.schema``; ``ds.metadata``;
     ``ds.fingerprint``; ``ds.leaf_paths``; ``ds.segments(leaf)``; ``ds.present_segments(leaf)``; ``ds.segment_rows``;
-    ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.verify_rows(rows, leaves)``; ``ds.close()``. Pickling keeps the path and the schema
+    ``ds.shard_entries``; ``ds.open_shards``; ``ds.verify()``; ``ds.verify_rows(rows, leaves)``; ``ds.read_ahead(shards)``; ``ds.close()``. Pickling keeps the path and the schema
     fingerprint; the unpickled copy maps the files again on first use and
     raises DatasetChangedError if the schema changed meanwhile.
     """
@@ -95,6 +104,7 @@ class Dataset:
         max_open: int = DEFAULT_MAX_OPEN,
         expect_fingerprint: str | None = None,
         fetch_shard: FetchShard | None = None,
+        read_ahead: ReadAhead | None = None,
     ) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
@@ -103,6 +113,7 @@ class Dataset:
         self._max_open = max_open
         self._expect = expect_fingerprint
         self._fetch_shard = fetch_shard
+        self._read_ahead = read_ahead
         self._opened = False
         self._get = self._lazy_get
         self._lock = threading.RLock()
@@ -370,6 +381,12 @@ class Dataset:
         for k in range(len(self._entries)):
             self._shard(k).verify(progress)
 
+    def read_ahead(self, shards: list[int]) -> None:
+        """Tell the dataset's ``read_ahead`` hook (see :func:`open`) the shards reads will need next, in the
+        order they first need them; nothing happens without one (local shards are present already)."""
+        if self._read_ahead is not None:
+            self._read_ahead([int(k) for k in shards])
+
     def verify_rows(self, rows: list[int], leaves: list[str] | None = None) -> None:
         """Check the CRC-32 of every data block holding ``leaves`` (default: all) of ``rows``, lazily.
 
@@ -455,7 +472,7 @@ class Dataset:
     def __reduce__(self) -> Any:
         # A copy that was never opened passes its expected fingerprint on without mapping anything.
         fingerprint = self._expect if not self._opened and self._expect else self.schema.fingerprint
-        return _restore, (str(self.path), fingerprint, self._max_open, self._fetch_shard)
+        return _restore, (str(self.path), fingerprint, self._max_open, self._fetch_shard, self._read_ahead)
 
     def __repr__(self) -> str:
         if not self._opened:

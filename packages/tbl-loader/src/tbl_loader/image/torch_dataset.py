@@ -127,7 +127,7 @@ class EpochBatchSampler:
         options = self.cursor.options
         positions = order.indices
         size = options.batch_size
-        described = {f.name: getattr(order, f.name) for f in dataclasses.fields(order) if f.name != "shard_rows"}
+        described = {f.name: getattr(order, f.name) for f in dataclasses.fields(order) if f.name not in ("shard_rows", "rows")}
         for k in range(order.num_batches(size, options.drop_last)):
             yield EpochBatch(positions[k * size : (k + 1) * size].tolist(), order.epoch,
                              PassPlan(described, size, options.drop_last, k))

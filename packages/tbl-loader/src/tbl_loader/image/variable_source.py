@@ -40,6 +40,7 @@ from ..errors import ImageGeometryError, JpegDecodeError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.shared_loop import shared_loop
+from ..source.fetcher import shards_in_read_order
 from ..stream import order
 from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
@@ -197,7 +198,8 @@ class VariableImageSource:
         self._pool: ThreadPoolExecutor | None = None
 
     def begin_pass(self, epoch_order: Any) -> None:
-        """Nothing to schedule: a batch reads its rows through the dataset, which maps (and fetches) their shards."""
+        """A dataset at a URL downloads the pass's shards ahead of its batches (a no-op for local data)."""
+        self.dataset.read_ahead(shards_in_read_order(self.dataset.segment_rows, epoch_order.dataset_rows))
 
     def _check_decoder(self) -> None:
         decoder_info()  # the CPU decoder (tbl_loader.gpu_decode's source decodes elsewhere)

@@ -23,6 +23,7 @@ import tbl_format
 
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
+from ..source.fetcher import shards_in_read_order
 from ..source.storage import is_url
 from ..source.verify import verify_mode
 from ..stream.cursor import StreamCursor, StreamOptions
@@ -44,7 +45,9 @@ class _PyTreeSource:
         self.verify_rows = source.dataset.verify_rows if verify_lazily else None
 
     def begin_pass(self, epoch_order: Any) -> None:
-        """Nothing to schedule: a batch reads its rows through the dataset, which maps (and fetches) their shards."""
+        """A dataset at a URL downloads the pass's shards ahead of its batches (a no-op for local data)."""
+        dataset = self.source.dataset
+        dataset.read_ahead(shards_in_read_order(dataset.segment_rows, epoch_order.dataset_rows))
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         return {leaf.path: allocate_host((capacity, *leaf.row_shape), np.dtype(leaf.dtype), output, as_rows=True)

@@ -13,10 +13,22 @@ raises the error then, in the consumer's ``next()``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
-__all__ = ["Fetcher"]
+import numpy as np
+
+__all__ = ["Fetcher", "shards_in_read_order"]
+
+
+def shards_in_read_order(segment_rows: Sequence[int], rows: Any) -> list[int]:
+    """The shards that ``rows`` (dataset rows in the order they will be read) fall in, each once, in the order
+    the reads first reach them: what a fetcher downloads ahead."""
+    starts = np.cumsum(np.asarray(segment_rows, dtype=np.int64))
+    shards = np.searchsorted(starts, np.asarray(rows, dtype=np.int64), side="right")
+    _, first = np.unique(shards, return_index=True)
+    return shards[np.sort(first)].tolist()
 
 
 class Fetcher:

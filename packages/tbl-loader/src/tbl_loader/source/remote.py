@@ -43,7 +43,7 @@ import tbl_format
 
 from ..errors import CacheFullError, ShardNotMappedError
 from .cache import ShardCache
-from .fetcher import Fetcher
+from .fetcher import Fetcher, shards_in_read_order
 from .storage import open_store, redact
 
 __all__ = ["RemoteDataset", "RemoteShards", "materialize", "open_remote", "open_streaming"]
@@ -190,7 +190,7 @@ class RemoteDataset:
     # ---- the shard-source protocol (tbl_loader.source.local) -----------------------------------------
     def begin_pass(self, epoch_order: Any, leaf: str, batch_size: int) -> None:
         """The fetcher downloads the pass's shards in the order its batches first read them."""
-        self.schedule(epoch_order.indices)
+        self.schedule(epoch_order.dataset_rows)
 
     def before_batch(self, number: int) -> None:
         """Nothing: a batch maps its shards itself (``batch_columns``)."""
@@ -202,10 +202,7 @@ class RemoteDataset:
         """The rest of the epoch's sample ids, in order: the fetcher downloads its shards in that order."""
         if self._all_mapped():  # nothing will be fetched
             return
-        ids = np.asarray(indices, dtype=np.int64)
-        shards = self.shard_of(ids)
-        _, first = np.unique(shards, return_index=True)
-        self.fetcher.schedule([int(shards[i]) for i in np.sort(first)])
+        self.fetcher.schedule(shards_in_read_order(self._counts, indices))
 
     def _template(self, leaf: str) -> np.ndarray:
         """One real column of ``leaf`` (its dtype and row shape), from the first non-empty shard."""
@@ -385,43 +382,71 @@ class RemoteShards:
     dataset exactly as a local one (Mosaic's model: a remote fills a local directory): every
     row, column or heap read maps the shard it needs, downloading it first, and the dataset's
     own bound on open shards keeps the maps within what the cache holds. Picklable and
-    fork-safe: the storage client and the cache handle are made in the process that first
-    fetches (a storage client does not survive fork), so DataLoader workers under fork, spawn
-    or forkserver each open their own.
+    fork-safe: the storage client, the cache handle and the fetcher are made in the process
+    that first fetches (a storage client does not survive fork), so DataLoader workers under
+    fork, spawn or forkserver each open their own.
+
+    Read-ahead: :meth:`read_ahead` (``tbl_format.Dataset.read_ahead``'s hook) hands the
+    fetcher the order of the shards a pass will read; each shard the dataset then opens tells
+    it how far the reads are, and it keeps ``lookahead`` shards downloaded or downloading
+    beyond that (``concurrency`` at a time).
     """
 
     def __init__(self, url: str, local_dir: Path, entries: list[dict[str, Any]], *, cache_dir: Any,
-                 cache_limit: Any, storage_options: dict[str, Any] | None, verify_data: bool) -> None:
+                 cache_limit: Any, storage_options: dict[str, Any] | None, verify_data: bool,
+                 lookahead: int = 4, concurrency: int = 4) -> None:
         self.url = url
         self.local_dir = Path(local_dir)
         self.entries = [dict(e) for e in entries]
         self.cache_dir, self.cache_limit = cache_dir, cache_limit
         self.storage_options = storage_options
         self.verify_data = bool(verify_data)
+        self.lookahead, self.concurrency = lookahead, concurrency
         self._pid: int | None = None
         self._store: Any = None
         self._cache: ShardCache | None = None
+        self._fetcher: Fetcher | None = None
         self._lock = threading.Lock()
 
-    def _clients(self) -> tuple[Any, ShardCache]:
+    def _clients(self) -> tuple[Any, ShardCache, Fetcher]:
         with self._lock:
             if self._pid != os.getpid():
                 self._cache = ShardCache(self.cache_dir, self.cache_limit)
                 self._store = open_store(self.url, self.storage_options)
+                # An inherited fetcher's threads did not survive fork: this process makes its own.
+                self._fetcher = Fetcher(self._download, lookahead=self.lookahead, concurrency=self.concurrency)
                 self._pid = os.getpid()
-            return self._store, self._cache
+            return self._store, self._cache, self._fetcher
 
     @property
     def cache(self) -> ShardCache:
         return self._clients()[1]
 
+    def _download(self, k: int) -> None:
+        store, cache, _ = self._clients()
+        cache.fetch(store, self.local_dir, self.entries[k], verify_data=self.verify_data)
+
     def __call__(self, k: int) -> Path:
-        store, cache = self._clients()
-        return cache.fetch(store, self.local_dir, self.entries[k], verify_data=self.verify_data)
+        store, cache, fetcher = self._clients()
+        fetcher.join(k)  # a download of this shard under way here: wait for it rather than queue behind its lock
+        path = cache.fetch(store, self.local_dir, self.entries[k], verify_data=self.verify_data)
+        fetcher.reached([k])
+        return path
+
+    def read_ahead(self, shards: list[int]) -> None:
+        """The shards the next reads need, in order: the fetcher downloads them ahead of the reads."""
+        self._clients()[2].schedule(shards)
+
+    def close(self) -> None:
+        """Stop this process's downloads ahead (the shards already cached stay)."""
+        with self._lock:
+            fetcher, self._fetcher, self._pid = self._fetcher, None, None
+        if fetcher is not None:
+            fetcher.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_pid=None, _store=None, _cache=None, _lock=None)
+        state.update(_pid=None, _store=None, _cache=None, _fetcher=None, _lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -441,6 +466,9 @@ def open_streaming(url: str, *, cache_dir: Any = None, cache_limit: Any = None,
                        verify_data=verify_data, lookahead=0) as remote:
         if remote._single:
             return tbl_format.open(remote.local_dir / remote._entries[0]["file"])
+        # Downloads ahead stay within what the cache holds besides the shards being read.
         hook = RemoteShards(url, remote.local_dir, remote.shard_entries, cache_dir=cache_dir, cache_limit=cache_limit,
-                            storage_options=storage_options, verify_data=verify_data)
-        return tbl_format.open(remote.local_dir, max_open=remote.max_mapped, fetch_shard=hook)
+                            storage_options=storage_options, verify_data=verify_data,
+                            lookahead=min(4, max(0, remote.max_mapped - 1)))
+        return tbl_format.open(remote.local_dir, max_open=remote.max_mapped, fetch_shard=hook,
+                               read_ahead=hook.read_ahead)

@@ -206,7 +206,8 @@ class StreamCursor:
         o = self.options
         return EpochOrder(self.num_samples, o.seed, self._epoch, shuffle=o.shuffle, world_size=o.world_size,
                           rank=o.rank, padding=o.padding, start=self._consumed,
-                          shard_rows=self.shard_rows if o.shuffle == "block" else None, block_window=o.block_window)
+                          shard_rows=self.shard_rows if o.shuffle == "block" else None, block_window=o.block_window,
+                          rows=self.rows)
 
     def start_pass(self) -> tuple[EpochOrder, Iterator[BatchPlan]] | None:
         """The rest of the current epoch and its batch plans, or None (after moving to the next

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import NamedTuple
 
@@ -409,6 +409,8 @@ class EpochOrder:
     start: int = 0
     shard_rows: tuple[int, ...] | None = None  # shuffle="block": the rows of each shard
     block_window: int = DEFAULT_BLOCK_WINDOW
+    # With a subset: the dataset row of every stream position (what ``dataset_rows`` maps through).
+    rows: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.shuffle not in SHUFFLE_MODES:
@@ -459,6 +461,11 @@ class EpochOrder:
     def indices(self) -> np.ndarray:
         """This rank's sample ids for the rest of the epoch (contiguous int64)."""
         return np.ascontiguousarray(self.padded_sequence[self.rank :: self.world_size])
+
+    @property
+    def dataset_rows(self) -> np.ndarray:
+        """The dataset rows this rank reads in the rest of the epoch, in order (``indices`` without a subset)."""
+        return self.indices if self.rows is None else np.ascontiguousarray(self.rows[self.indices])
 
     def num_batches(self, batch_size: int, drop_last: bool) -> int:
         n = self.indices.shape[0]
