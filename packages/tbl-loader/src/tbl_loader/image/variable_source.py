@@ -47,7 +47,7 @@ from .fields import FieldReader
 from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows, view_seed
 
-__all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable"]
+__all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable", "sample_boxes", "stream_settings"]
 
 SIZE_KEYS = ("height", "width")
 
@@ -166,6 +166,29 @@ def _evaluation(spec: ImageSpec) -> bool:
     return spec.random_resized_crop is None and spec.resize is not None
 
 
+def sample_boxes(spec: ImageSpec, seed: int, columns: VariableColumns, epoch: int, ids: np.ndarray) -> np.ndarray:
+    """Samples ``ids``' boxes on their own sizes (from the columns alone): int32 (n, 4) for
+    ``crop_resize_images``, or float64 (n, 4) windows for ``resize_crop_images`` (evaluation transform).
+
+    Args:
+        spec: the image contract (its random_resized_crop, or center_crop with or without resize).
+        seed: the stream seed the crop boxes are drawn with.
+        columns: the dataset's sizes (`bind_variable`).
+        epoch: the epoch of the draws.
+        ids: dataset rows, int64.
+    """
+    h, w = columns.heights[ids], columns.widths[ids]
+    crop = spec.random_resized_crop
+    if crop is not None:
+        return order.random_resized_crop_boxes(seed, epoch, ids, h, w, crop.scale, crop.ratio)
+    ch, cw = columns.out_hw
+    if spec.resize is not None:
+        return resized_center_crop_windows(h, w, spec.resize, ch, cw)
+    # order.center_crop_box's rule (torchvision's CenterCrop), per sample
+    top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
+    return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
+
+
 class VariableImageSource:
     """Fills ring slots for an ImageLoader over variable-size images. Holds the dataset, never the loader."""
 
@@ -220,18 +243,8 @@ class VariableImageSource:
         return buffers
 
     def boxes(self, epoch: int, ids: np.ndarray) -> np.ndarray:
-        """Samples ``ids``' boxes on their own sizes (from the columns alone): int32 (n, 4) for
-        ``crop_resize_images``, or float64 (n, 4) windows for ``resize_crop_images`` (evaluation transform)."""
-        h, w = self.columns.heights[ids], self.columns.widths[ids]
-        crop, spec = self.spec.random_resized_crop, self.spec
-        if crop is not None:
-            return order.random_resized_crop_boxes(self.seed, epoch, ids, h, w, crop.scale, crop.ratio)
-        ch, cw = self.out_hw
-        if spec.resize is not None:
-            return resized_center_crop_windows(h, w, spec.resize, ch, cw)
-        # order.center_crop_box's rule (torchvision's CenterCrop), per sample
-        top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
-        return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
+        """Samples ``ids``' boxes (`sample_boxes`)."""
+        return sample_boxes(self.spec, self.seed, self.columns, epoch, ids)
 
     def batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan, backend: str,
               torch_device: Any = False) -> Batch:
