@@ -17,7 +17,7 @@ import tbl_format
 import tbl_kernels
 from tbl_kernels import reference as kref
 from tbl_loader import EpochBatchSampler, ImageDataset, ImageLoader, Mix, RandomResizedCrop, collate_identity, convert
-from tbl_loader.errors import MixError, UnsupportedCombinationError
+from tbl_loader.errors import MixError
 from tbl_loader.image.spec import view_seed
 from tbl_loader.stream import order
 
@@ -123,14 +123,15 @@ def test_dataset_made_directly_equals_the_loaders(converted):
     ds.close()
 
 
-WORKER_CASES = [("raw", "fork", FIELDS), ("raw", "spawn", ()), ("jpeg", "fork", ()), ("jpeg", "spawn", FIELDS)]
+WORKER_CASES = [("raw", "fork", FIELDS), ("raw", "spawn", ()), ("jpeg", "fork", ()), ("jpeg", "spawn", FIELDS),
+                ("jpeg", "forkserver", FIELDS)]
 
 
 @pytest.mark.parametrize(("store", "method", "fields"), WORKER_CASES,
                          ids=[f"{s}-{m}-{'fields' if f else 'plain'}" for s, m, f in WORKER_CASES])
 def test_dataloader_workers_yield_the_loaders_epoch(converted, store, method, fields):
-    """torch's DataLoader, two workers (fork or spawn), EpochBatchSampler: the loader's batches of two epochs,
-    each store with and without fields, each start method with and without fields."""
+    """torch's DataLoader, two workers (fork, spawn or forkserver), EpochBatchSampler: the loader's batches of two
+    epochs, each store with and without fields, fork and spawn each with and without fields."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
@@ -147,11 +148,20 @@ def test_dataloader_workers_yield_the_loaders_epoch(converted, store, method, fi
         ds.close()
 
 
-def test_dataset_of_a_gpu_decoding_loader_is_refused_by_name(converted):
-    with _loader(converted["jpeg"]) as loader:
-        loader.gpu_decode = True  # what decode_device="cuda" records (no CUDA device is needed to check the rule)
-        with pytest.raises(UnsupportedCombinationError, match="decode_device"):
-            ImageDataset.from_loader(loader)
+def test_dataset_of_a_variable_jpeg_dataset_at_a_url_equals_local(converted, tmp_path):
+    """A URL (a file:// store) of JPEG storage: the map-style twin of the URL loader, read through the shard
+    cache, gives the local loader's batches."""
+    pytest.importorskip("obstore", reason="the remote extra (tbl-loader[remote]) is not installed")
+    from tbl_loader import upload_dataset
+
+    url = (tmp_path / "store").resolve().as_uri() + "/jpeg/"
+    upload_dataset(converted["jpeg"], url, storage_options={"mkdir": True})
+    with _loader(converted["jpeg"], fields=FIELDS) as local:
+        want = _batches(local)
+    with _loader(url, fields=FIELDS, cache_dir=tmp_path / "cache") as remote:
+        ds = ImageDataset.from_loader(remote)
+        _same([_as_tuple(ds.get_batch(p)) for p in EpochBatchSampler(remote)], want)
+        ds.close()
 
 
 # ----------------------------------------------------------------------------------------------- Mix
