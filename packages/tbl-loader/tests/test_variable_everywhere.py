@@ -16,7 +16,15 @@ from convert_images import jpeg_set, write_tree
 import tbl_format
 import tbl_kernels
 from tbl_kernels import reference as kref
-from tbl_loader import EpochBatchSampler, ImageDataset, ImageLoader, Mix, RandomResizedCrop, collate_identity, convert
+from tbl_loader import (
+    EpochBatchSampler,
+    ImageDataset,
+    ImageLoader,
+    Mix,
+    RandomResizedCrop,
+    collate_identity,
+    convert,
+)
 from tbl_loader.errors import MixError
 from tbl_loader.image.spec import view_seed
 from tbl_loader.stream import order

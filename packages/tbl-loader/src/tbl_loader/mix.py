@@ -41,6 +41,10 @@ to overflow or to lose (the failures reported for litdata's
 ``CombinedStreamingDataset``, e.g. ``num_samples_yielded`` larger than a
 dataset after more than one epoch, and for resuming at an epoch's last sample).
 
+Image sources must agree on what a batch holds (view shapes, dtype, backend, label
+and field kinds; fixed- and variable-size storage mix once cropped to one size):
+a disagreement is a :class:`~tbl_loader.errors.MixError` at construction, naming it.
+
 A batch is the sources' batches for its positions, concatenated in schedule
 order: arrays and tensors along the first axis, lists joined, dicts / tuples /
 ``Batch`` leaf by leaf (``Padded`` leaves have per-batch widths: use

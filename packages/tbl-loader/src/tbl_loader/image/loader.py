@@ -222,7 +222,7 @@ class ImageLoader(HostLoader):
     (after the copy to ``device``): see :mod:`tbl_loader.host.transforms`; each batch carries
     per-sample keys (``batch.keys``, :mod:`tbl_loader.stream.keys`) for their randomness.
     ``random_resized_crop`` may be a list of crop specs (multi-crop): ``batch.views``
-    holds one image batch per spec, ``batch.images`` the first.
+    holds one image batch per spec, ``batch.images`` the first (on fixed- and variable-size images).
     ``fields`` (leaf paths) serves other leaves of the sample in ``batch.fields`` by the
     pytree loader's rules (``var``: ``"list"`` or ``"pad"``), see :mod:`tbl_loader.image.fields`;
     a label leaf may be an int, a float, a fixed-shape array or optional.

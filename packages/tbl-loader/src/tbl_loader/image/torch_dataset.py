@@ -6,6 +6,10 @@ position: ``len(ds)``, ``ds[i]`` (one ``(image, label)`` pair), and
 ``ds.get_batch(positions)`` / ``__getitems__`` (one :class:`~tbl_loader.Batch`
 made by the same kernel calls as the loader's batches, bit for bit). Build it
 with ``ImageDataset.from_loader(loader)`` or ``ImageDataset(path, **image_options)``.
+Fixed-size and variable-size images (``tbl convert --max-size``, raw or JPEG, with
+``fields=`` and several crop views) alike: the batch source is made by the loader's
+own binding (:func:`tbl_loader.image.loader.bind_source`). The twin of a loader that
+decodes on the GPU (``decode_device``) is refused: its workers would decode on the CPU.
 
 Augmentation draws depend on the epoch (a pure function of ``(seed, epoch,
 row)``). :class:`EpochBatchSampler` yields the loader's batches of the current
@@ -147,7 +151,7 @@ class ImageDataset:
     ``random_resized_crop``, ``center_crop``, ``dtype``, ``layout``, ``image_key``,
     ``label_key``), or ``spec``: an :class:`~tbl_loader.image.ImageSpec` holding them. ``fields``,
     ``var``, ``seed``,
-    ``rows``, ``subsample``, ``backend`` as in ImageLoader; ``epoch``: the epoch whose
+    ``rows``, ``subsample``, ``backend``, ``jpeg_dct`` as in ImageLoader; ``epoch``: the epoch whose
     draws plain position lists get. ``path`` may be a URL: ``cache_dir``, ``cache_limit``
     and ``storage_options`` as in ImageLoader (see the module docstring).
     """
