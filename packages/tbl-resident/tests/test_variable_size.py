@@ -1,10 +1,11 @@
-"""device="cpu": images of variable size (tbl convert --max-size, raw storage) served resident equal
+"""device="cpu" (and "cuda" where there is one): images of variable size (tbl convert --max-size, raw storage) served resident equal
 tbl_loader.ImageLoader element for element; JPEG storage and several crop views are refused by name."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from conftest import collect
 
 import tbl_format
@@ -51,12 +52,17 @@ def raw_path(tmp_path_factory, images):
     return _write(tmp_path_factory.mktemp("var") / "raw", images)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="torch sees no CUDA device"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("dtype", "layout", "hflip"), [("float32", "CHW", 0.5), ("uint8", "HWC", 1.0),
                                                         ("bfloat16", "CHW", 0.0)])
-def test_random_resized_crop_equals_image_loader_and_the_reference(raw_path, images, dtype, layout, hflip):
+def test_random_resized_crop_equals_image_loader_and_the_reference(raw_path, images, dtype, layout, hflip, device):
     opts = {"seed": SEED, "hflip": hflip, "dtype": dtype, "layout": layout, "random_resized_crop": CROP}
     with ImageLoader(raw_path, 6, backend="torch", prefetch=0, **opts) as cpu, \
-            ResidentImageLoader(raw_path, 6, device="cpu", **opts) as res:
+            ResidentImageLoader(raw_path, 6, device=device, **opts) as res:
         cpu.set_epoch(2)
         res.set_epoch(2)
         want, got = collect(cpu), collect(res)

@@ -354,6 +354,10 @@ class ResidentImageLoader(Resumable):
             leaf = dataset.schema.leaves.get(spec.image_key)
             is_variable = leaf is not None and leaf.kind in VARIABLE_IMAGE_KINDS
             if is_variable:
+                if dev.type == "mps":
+                    raise UnsupportedCombinationError(
+                        "ResidentImageLoader over images of variable size on MPS: their exact resample sums in "
+                        "float64, which MPS lacks; serve them with device='cuda' or 'cpu', or with ImageLoader")
                 columns = variable.bind_variable(spec, dataset)
                 if columns.store != "raw":
                     raise UnsupportedCombinationError(
