@@ -144,7 +144,7 @@ def test_cli_inspect_and_verify(tmp_path: Path) -> None:
     assert (meta["max_size"], meta["store"], meta["quality"]) == (N, "jpeg", 80)
     for bad in (["--size", "32", "--max-size", "64"], [], ["--size", "32", "--store", "raw"],
                 ["--max-size", "64", "--quality", "80"], ["--max-size", "64", "--mode", "squash"],
-                ["--max-size", "64", "--engine", "ray"]):
+                ["--max-size", "64", "--engine", "ray", "--workers", "2"]):
         r = run_cli(str(src), str(tmp_path / "no.tbl"), *bad, "--quiet")
         assert r.returncode == 2 and not (tmp_path / "no.tbl").exists(), (bad, r.stderr)
     r = run_cli(str(src), str(tmp_path / "r.tbl"), "--max-size", str(N), "--quiet")

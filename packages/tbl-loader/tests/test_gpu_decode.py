@@ -23,8 +23,8 @@ from test_variable_loader import (
     write_raw,
 )
 
-from tbl_loader import RandomResizedCrop
-from tbl_loader.errors import GpuDecodeUnavailableError, StateMismatchError
+from tbl_loader import ImageDataset, RandomResizedCrop
+from tbl_loader.errors import GpuDecodeUnavailableError, StateMismatchError, UnsupportedCombinationError
 from tbl_loader.image import gpu_decode
 
 torch = pytest.importorskip("torch")
@@ -183,6 +183,11 @@ def test_device_decode_refusals_are_named(jpeg, jimages, tmp_path, dataset_path,
         loader(path, 4, backend="numpy", decode_device="cpu")
     with pytest.raises(ValueError, match="device='cpu' as well"):
         loader(path, 4, backend="torch", decode_device="cpu")
+    with pytest.raises(UnsupportedCombinationError, match="several crop views"):
+        loader(path, 4, backend="torch", random_resized_crop=[RandomResizedCrop(8), RandomResizedCrop(4)], **kw)
+    with loader(path, 4, backend="torch", **kw) as ld, pytest.raises(UnsupportedCombinationError,
+                                                                      match="decode_device"):
+        ImageDataset.from_loader(ld)  # its workers would decode on the CPU: other pixels than the loader's
 
 
 def test_decode_device_must_be_cuda(jpeg):

@@ -188,6 +188,32 @@ def test_convert_on_ray_equals_the_local_converter_row_for_row(cluster, tmp_path
     assert leftovers(tmp_path) == []
 
 
+def test_convert_on_ray_to_max_size_jpeg_equals_the_local_converter_row_for_row(cluster, tmp_path, photo_tar):
+    """`tbl convert --engine ray --max-size 48 --store jpeg` (the ImageNet path): the local converter's rows
+    (stored bytes, height, width, label), schema and metadata; sources within the cap kept as they are, the
+    others re-encoded; the bad image skipped and reported as locally."""
+    import json
+
+    pytest.importorskip("simplejpeg", reason='JPEG storage needs the decoder: pip install "tbl-loader[jpeg]"')
+    local = tbl_loader.convert(photo_tar, tmp_path / "local.tbl", max_size=48, store="jpeg", on_error="skip",
+                               workers=1, progress=False)
+    argv = ["convert", str(photo_tar), str(tmp_path / "ray"), "--max-size", "48", "--store", "jpeg", "--engine", "ray",
+            "--shard-rows", "10", "--on-error", "skip", "--quiet"]
+    assert tbl_main(argv) == 1  # incomplete: one image skipped, as the local run
+    rep = json.loads((tmp_path / "ray.report.json").read_text())
+    assert (rep["status"], rep["written"], rep["failed"], rep["max_size"], rep["store"]) == (
+        "ok", local.written, 1, 48, "jpeg")
+    with tbl_format.open(tmp_path / "local.tbl") as a, tbl_format.open(tmp_path / "ray") as b:
+        assert a.schema == b.schema and a.metadata == b.metadata and len(a) == len(b) == local.written
+        assert b.schema.leaves["image"].kind == "encoded_image"
+        for i in range(len(a)):
+            x, y = a[i], b[i]
+            assert bytes(x["image"]) == bytes(y["image"])
+            assert (x["height"], x["width"], x["label"]) == (y["height"], y["width"], y["label"])
+            assert max(y["height"], y["width"]) <= 48
+    assert leftovers(tmp_path) == []
+
+
 def test_convert_on_ray_fails_on_the_first_bad_image_in_source_order(cluster, tmp_path, photo_tgz):
     with pytest.raises(tbl_loader.errors.ImageDecodeError) as err:
         ray_convert(photo_tgz, tmp_path / "ray", 24, images_per_task=4)

@@ -329,11 +329,13 @@ def test_kernels_without_crop_resize_images_name_the_pip_command(tmp_path, var_i
         ImageLoader(fixed, 2, backend="numpy", center_crop=6, resize=7)
 
 
-def test_resident_loader_refuses_variable_images_by_name(tmp_path, var_images):
+def test_binding_fixed_size_columns_refuses_variable_images_by_name(tmp_path, var_images):
+    """ImageSpec.bind (the fixed-size column binding tbl-resident uploads from) names the refused combination."""
+    from tbl_loader.errors import UnsupportedCombinationError
     from tbl_loader.image import ImageSpec
 
     path = write_raw(tmp_path / "v.tbl", var_images[:4])
-    with tbl_format.open(path) as ds, pytest.raises(ValueError, match="variable size"):
+    with tbl_format.open(path) as ds, pytest.raises(UnsupportedCombinationError, match="variable size"):
         ImageSpec().bind(ds)
 
 
@@ -560,9 +562,7 @@ def order_keys(ids, epoch):
     return sample_keys(SEED, epoch, np.asarray(ids, np.int64))
 
 
-def test_multi_crop_on_variable_images_is_refused_by_name(raw_path):
-    with pytest.raises(ValueError, match="variable-size images"):
-        loader(raw_path, 8, random_resized_crop=[CROP, RandomResizedCrop(8)])
+def test_the_image_and_label_leaves_are_not_fields(raw_path):
     with pytest.raises(ValueError, match="'label' is served as the batch's labels"):
         loader(raw_path, 8, fields=("label",))
 

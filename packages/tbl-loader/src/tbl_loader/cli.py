@@ -195,15 +195,12 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     src, dst = args.paths
     options: dict[str, Any] = {} if args.max_image_bytes is None else {"max_image_bytes": args.max_image_bytes}
-    if args.engine == "ray" or args.address is not None:
-        if args.max_size is not None:
-            _error("--engine ray converts to fixed-size images (--size S) only; run --max-size without --engine ray")
-            return EXIT_REFUSED
-        return _run_on_ray(args, src, dst, options)
     if args.max_size is not None:
         options.update(max_size=args.max_size, store=args.store or "raw")
         if args.quality is not None:
             options["quality"] = args.quality
+    if args.engine == "ray" or args.address is not None:
+        return _run_on_ray(args, src, dst, options)
     if is_url(dst):  # convert locally, upload the shards, publish the manifest last
         from .conversion.remote import convert_to_url
 

@@ -51,6 +51,7 @@ __all__ = [
     "StateMismatchError",
     "SubsetError",
     "TokenError",
+    "UnsupportedCombinationError",
     "UnsupportedImageModeError",
     "WorkerCrashError",
 ]
@@ -96,6 +97,11 @@ class SubsetError(LoaderError, ValueError):
 
 class MixError(LoaderError, ValueError):
     """Invalid sources, weights or epoch size for a Mix, or batches that cannot be joined."""
+
+
+class UnsupportedCombinationError(LoaderError, ValueError):
+    """Two capabilities that are each supported but not together (the README's table of refused
+    combinations lists each, with its reason); the message names both."""
 
 
 class TokenError(LoaderError, ValueError):

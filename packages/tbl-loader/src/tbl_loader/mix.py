@@ -41,6 +41,10 @@ to overflow or to lose (the failures reported for litdata's
 ``CombinedStreamingDataset``, e.g. ``num_samples_yielded`` larger than a
 dataset after more than one epoch, and for resuming at an epoch's last sample).
 
+Image sources must agree on what a batch holds (view shapes, dtype, backend, label
+and field kinds; fixed- and variable-size storage mix once cropped to one size):
+a disagreement is a :class:`~tbl_loader.errors.MixError` at construction, naming it.
+
 A batch is the sources' batches for its positions, concatenated in schedule
 order: arrays and tensors along the first axis, lists joined, dicts / tuples /
 ``Batch`` leaf by leaf (``Padded`` leaves have per-batch widths: use
@@ -131,6 +135,24 @@ def _map_style(source: Any) -> Any:
     return source
 
 
+def _check_alike(sources: list[Any]) -> None:
+    """Image sources whose batches cannot be joined (another view shape, dtype, backend, label or field kind;
+    fixed- and variable-size storage alike once cropped to one size) refused now, naming the difference,
+    instead of failing at the first batch."""
+    images = [k for k, s in enumerate(sources) if isinstance(s, ImageDataset)]
+    if images and len(images) != len(sources):
+        other = next(k for k in range(len(sources)) if k not in images)
+        raise MixError(f"source {other} ({type(sources[other]).__name__}) cannot be mixed with image source "
+                       f"{images[0]}: their batches have other structures")
+    for k in images[1:]:
+        first, this = sources[images[0]].signature, sources[k].signature
+        for key in first:
+            if first[key] != this[key]:
+                raise MixError(f"source {k} serves {key} {this[key]!r}, source {images[0]} {first[key]!r}: the "
+                               f"sources of a Mix must agree on it (for images, crop every source to one size "
+                               f"with random_resized_crop or center_crop)")
+
+
 class Mix(Resumable):
     """Interleave ``sources`` by ``weights`` over epochs of ``epoch_size`` samples (see the module docstring).
 
@@ -148,6 +170,7 @@ class Mix(Resumable):
         self.sources = [_map_style(s) for s in sources]
         # The map-style twins made here from loaders are this Mix's to close; given datasets are the caller's.
         self._owned = [m for m, s in zip(self.sources, sources, strict=True) if m is not s]
+        _check_alike(self.sources)
         self.sizes = [len(s) for s in self.sources]
         if min(self.sizes) < 1:
             raise MixError(f"every source needs at least one sample, got sizes {self.sizes}")

@@ -27,8 +27,11 @@ import torch
 
 import tbl_format
 from tbl_loader import IMAGENET_MEAN, IMAGENET_STD, Batch, RandomResizedCrop
-from tbl_loader.errors import LoaderClosedError
+from tbl_loader.errors import ImageGeometryError, LoaderClosedError, UnsupportedCombinationError
 from tbl_loader.image import ImageColumns, ImageSpec
+from tbl_loader.image import variable_source as variable
+from tbl_loader.image.gpu_decode import resample_batch
+from tbl_loader.image.spec import VARIABLE_IMAGE_KINDS
 from tbl_loader.stream import (
     BatchPlan,
     EpochOrder,
@@ -46,7 +49,14 @@ from .order_ahead import OrderAhead
 from .resample import AxisTable, crop_resize_u8, crop_taps
 from .upload import DEFAULT_CHUNK_BYTES, UploadStats, upload_rows
 
-__all__ = ["ResidentImageLoader", "workspace_bytes"]
+__all__ = ["ResidentImageLoader", "variable_workspace_bytes", "workspace_bytes"]
+
+
+def _offsets(columns: Any) -> tuple[np.ndarray, int]:
+    """Where each row's (h, w, 3) pixels start in the flat tensor, and its size in bytes."""
+    sizes = columns.heights * columns.widths * 3
+    ends = np.cumsum(sizes)
+    return ends - sizes, int(ends[-1])
 
 
 def workspace_bytes(batch_size: int, prefetch: int, image_shape: tuple[int, int, int],
@@ -119,6 +129,54 @@ class _Serving:
                 pixels = torch.where(mask, pixels.flip(2), pixels)
         images = self.normalizer(pixels)
         labels = None if self.labels is None else self.labels.index_select(0, batch_ids)
+        return images, labels
+
+
+def variable_workspace_bytes(batch_size: int, prefetch: int, max_hw: tuple[int, int], out_hw: tuple[int, int],
+                             dtype: str) -> int:
+    """Upper estimate of the device memory the batches in flight use over images of variable size: per
+    sample the float64 padded image (largest size), the vertical pass, the output and its indices."""
+    (h, w), (oh, ow) = max_hw, out_hw
+    item = torch.empty((), dtype=OUTPUT_DTYPES[dtype]).element_size()
+    per_sample = 3 * (h * w * 8 + oh * w * 8 * 2 + oh * ow * (8 + 1 + 4 + item))
+    return (prefetch + 2) * batch_size * (per_sample + 64)
+
+
+class _VariableServing:
+    """The device side of a dataset of variable-size raw images (tbl convert --max-size): every image's
+    pixels in one flat uint8 tensor, at host-known offsets; per batch each sample's box (drawn on its own
+    size, `tbl_loader.image.variable_source.sample_boxes`) is cropped and resized by
+    `tbl_loader.image.gpu_decode.resample_batch`, the CPU kernel's fixed-point rule in exact float64 sums."""
+
+    def __init__(self, *, images: torch.Tensor, offsets: np.ndarray, labels: torch.Tensor | None,
+                 normalizer: Normalizer, queue: DeviceQueue, seed: int, spec: ImageSpec,
+                 columns: variable.VariableColumns, rows: np.ndarray | None = None) -> None:
+        self.images = images  # uint8 (total bytes,)
+        self.offsets = offsets  # int64 (N,): where row k's (h, w, 3) pixels start in images
+        self.labels = labels
+        self.normalizer = normalizer
+        self.queue = queue
+        self.seed = seed
+        self.spec = spec
+        self.columns = columns
+        self.orders = OrderAhead(seed, spec.hflip, rows)
+
+    def pass_inputs(self, plan_order: EpochOrder) -> tuple[torch.Tensor, np.ndarray | None, None]:
+        ids_host, flips = self.orders.get(plan_order)
+        return torch.from_numpy(ids_host).to(self.images.device), flips, None
+
+    def produce(self, plan: BatchPlan, lo: int, ids: torch.Tensor, flips: np.ndarray | None,
+                flip_dev: None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Images and labels of ``plan`` (positions ``lo:lo + B`` of the pass), enqueued on the device."""
+        rows = plan.sample_ids
+        n = rows.shape[0]
+        boxes = variable.sample_boxes(self.spec, self.seed, self.columns, plan.epoch, rows)
+        heights, widths = self.columns.heights[rows].tolist(), self.columns.widths[rows].tolist()
+        views = [self.images[o : o + h * w * 3].view(h, w, 3).permute(2, 0, 1)
+                 for o, h, w in zip(self.offsets[rows].tolist(), heights, widths, strict=True)]
+        pixels = resample_batch(views, boxes, self.columns.out_hw, flip=None if flips is None else flips[lo : lo + n])
+        images = self.normalizer(pixels.permute(0, 2, 3, 1))  # (B, C, H, W) bytes, read as (B, H, W, C)
+        labels = None if self.labels is None else self.labels.index_select(0, ids[lo : lo + n])
         return images, labels
 
 
@@ -230,6 +288,16 @@ class ResidentImageLoader(Resumable):
     flip draws while an epoch is served (:mod:`tbl_resident.order_ahead`);
     ``close()`` (or collection of the loader) joins it.
 
+    Images of variable size stored raw (``tbl convert --max-size N``) are served
+    too, with ``random_resized_crop`` or ``center_crop``: their pixels are kept in
+    one flat device tensor and each batch is cropped and resized from each
+    image's own size, bit-identical to ImageLoader's. JPEG storage
+    (``--store jpeg``) is refused with
+    :class:`~tbl_loader.errors.UnsupportedCombinationError`: a resident loader
+    keeps decoded pixels, so it would decode every image at construction, i.e.
+    hold the raw dataset; convert with ``--store raw`` (or serve the JPEGs with
+    ``ImageLoader(..., decode_device="cuda")``).
+
     Raises :class:`DeviceMemoryError` (bytes needed vs free) when the dataset and
     the batch workspace do not fit on the device.
     """
@@ -266,7 +334,7 @@ class ResidentImageLoader(Resumable):
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
                          label_key=label_key)
         if spec.extra_crops:
-            raise ValueError("several random_resized_crop views (multi-crop) are served by tbl_loader.ImageLoader; "
+            raise UnsupportedCombinationError("several random_resized_crop views (multi-crop) are served by tbl_loader.ImageLoader; "
                              "ResidentImageLoader takes one RandomResizedCrop")
         if channels_last and layout != "CHW":
             raise ValueError('channels_last=True applies to layout="CHW" (HWC batches are channels-last already)')
@@ -283,39 +351,69 @@ class ResidentImageLoader(Resumable):
         self._serving: _Serving | None = None
         self._active = _ActivePass()
         try:
-            columns = spec.bind(dataset)
+            leaf = dataset.schema.leaves.get(spec.image_key)
+            is_variable = leaf is not None and leaf.kind in VARIABLE_IMAGE_KINDS
+            if is_variable:
+                if dev.type == "mps":
+                    raise UnsupportedCombinationError(
+                        "ResidentImageLoader over images of variable size on MPS: their exact resample sums in "
+                        "float64, which MPS lacks; serve them with device='cuda' or 'cpu', or with ImageLoader")
+                columns = variable.bind_variable(spec, dataset)
+                if columns.store != "raw":
+                    raise UnsupportedCombinationError(
+                        "ResidentImageLoader over JPEG storage (tbl convert --store jpeg): the resident loader keeps "
+                        "decoded pixels on the device, so it would decode the whole dataset at construction; "
+                        "convert with --store raw, or serve the JPEGs with ImageLoader(..., decode_device='cuda')")
+                settings = {**spec.stream_settings(), **variable.stream_settings(columns)}
+            else:
+                columns = spec.bind(dataset)
+                settings = spec.stream_settings()
             normalizer = Normalizer(spec.mean, spec.std, dtype, layout, bool(channels_last), columns.channels, dev)
             subset = resolve_rows(columns.num_samples, rows, subsample)
             self.cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
-                                       dataset_fingerprint=dataset.fingerprint, settings=spec.stream_settings(),
-                                       rows=subset)
+                                       dataset_fingerprint=dataset.fingerprint, settings=settings, rows=subset)
             self.cursor.on_jump(self._active.stop)
             self.spec = spec
             self.prefetch = prefetch
             self.device = dev
             self.channels_last = bool(channels_last)
-            self.image_shape = columns.image_shape
+            self.image_shape = None if is_variable else columns.image_shape  # None: images of variable size
             self.has_labels = columns.labels is not None
-            self._check_fits(str(path) if opened else type(dataset).__name__, columns)
-            resident, label_tensor, self.upload_stats = self._upload(columns, chunk_bytes, progress)
+            name = str(path) if opened else type(dataset).__name__
+            if is_variable:
+                offsets, image_bytes = _offsets(columns)
+                self._check_fits(name, columns, image_bytes)
+                resident, label_tensor, self.upload_stats = self._upload_variable(dataset, columns, image_bytes,
+                                                                                  chunk_bytes, progress)
+            else:
+                self._check_fits(name, columns)
+                resident, label_tensor, self.upload_stats = self._upload(columns, chunk_bytes, progress)
         finally:
             if opened:
                 dataset.close()  # everything the loader needs is on the device now (or it failed)
         queue = DeviceQueue(dev)
-        self._serving = _Serving(images=resident, labels=label_tensor, normalizer=normalizer, queue=queue,
-                                 seed=options.seed, spec=spec, columns=columns, rows=self.cursor.rows)
+        common = {"labels": label_tensor, "normalizer": normalizer, "queue": queue, "seed": options.seed,
+                  "spec": spec, "columns": columns, "rows": self.cursor.rows}
+        self._serving = (_VariableServing(images=resident, offsets=offsets, **common) if is_variable
+                         else _Serving(images=resident, **common))
         # Joins the order thread when the loader is closed or collected (the callback does not reference self).
         self._orders_finalizer = weakref.finalize(self, self._serving.orders.close)
         queue.synchronize()  # tables and uploads are complete before any side-stream work reads them
 
     # ---- construction -------------------------------------------------------------------------
 
-    def _check_fits(self, name: str, columns: ImageColumns) -> None:
-        h, w, c = columns.image_shape
-        image_bytes = columns.num_samples * h * w * c
+    def _check_fits(self, name: str, columns: Any, image_bytes: int | None = None) -> None:
+        """DeviceMemoryError unless the images (``image_bytes`` for variable-size ones), the labels and the
+        batch workspace fit in the device's free memory."""
         label_bytes = columns.num_samples * 8 if self.has_labels else 0
-        work = workspace_bytes(self.batch_size, self.prefetch, columns.image_shape, columns.out_hw, self.spec.dtype,
-                               self.spec.random_resized_crop is not None)
+        if image_bytes is None:
+            h, w, c = columns.image_shape
+            image_bytes = columns.num_samples * h * w * c
+            work = workspace_bytes(self.batch_size, self.prefetch, columns.image_shape, columns.out_hw,
+                                   self.spec.dtype, self.spec.random_resized_crop is not None)
+        else:
+            max_hw = (int(columns.heights.max()), int(columns.widths.max()))
+            work = variable_workspace_bytes(self.batch_size, self.prefetch, max_hw, columns.out_hw, self.spec.dtype)
         needed = image_bytes + label_bytes + work
         free = _device.free_bytes(self.device)
         if needed > free:
@@ -335,6 +433,24 @@ class ResidentImageLoader(Resumable):
         if labels is not None:
             label_tensor = torch.empty((columns.num_samples,), dtype=torch.int64, device=self.device)
             upload_rows(labels, label_tensor, chunk_bytes=chunk_bytes, progress=False)
+        return resident, label_tensor, stats
+
+    def _upload_variable(self, dataset: Any, columns: Any, image_bytes: int, chunk_bytes: int,
+                         progress: bool | None):
+        """Every row's (h, w, 3) pixels, in row order, into one flat device tensor (each row one segment of
+        the chunked upload), and the labels."""
+        resident = torch.empty((image_bytes,), dtype=torch.uint8, device=self.device)
+        rows = list(range(columns.num_samples))
+        pixels = [np.asarray(v).reshape(-1) for v in dataset.values(self.spec.image_key, rows)]
+        for k, (v, h, w) in enumerate(zip(pixels, columns.heights.tolist(), columns.widths.tolist(), strict=True)):
+            if v.shape[0] != h * w * 3:
+                raise ImageGeometryError(f"{dataset.path}: row {k}: stored image of {v.shape[0]} bytes disagrees "
+                                         f"with its height/width columns ({h}, {w})")
+        stats: UploadStats = upload_rows(pixels, resident, chunk_bytes=chunk_bytes, progress=progress,
+                                         description=f"upload to {self.device}")
+        label_tensor = None
+        if columns.labels is not None:
+            label_tensor = torch.from_numpy(columns.labels[0]).to(self.device)
         return resident, label_tensor, stats
 
     # ---- iteration ----------------------------------------------------------------------------

@@ -5,12 +5,12 @@ are the conversion's internal API, named so that the Ray engine
 (:mod:`tbl_loader.ray`) and tbl-bench build on them instead of private names:
 the destination and report checks, the recipe, the decoder, the schema and
 metadata a conversion writes, and the modules that define a converted row
-(``decode``: the rule; ``chunk_writer``: writing rows in place).
+(``decode``: the rule; ``variable``: the rule of ``--max-size``; ``chunk_writer``: writing rows in place).
 """
 
 from __future__ import annotations
 
-from . import chunk_writer, decode
+from . import chunk_writer, decode, variable
 from .images import (
     ON_ERROR,
     ConvertReport,
@@ -25,6 +25,7 @@ from .images import (
     fixed_schema,
     merge_parts,
 )
+from .variable import VariableRecipe
 
 __all__ = [
     "ConvertReport",
@@ -32,6 +33,7 @@ __all__ = [
     "FixedRecipe",
     "ImageError",
     "ON_ERROR",
+    "VariableRecipe",
     "check_destination",
     "check_report_path",
     "chunk_writer",
@@ -41,4 +43,5 @@ __all__ = [
     "finish_report",
     "fixed_schema",
     "merge_parts",
+    "variable",
 ]

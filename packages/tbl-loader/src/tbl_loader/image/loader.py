@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 import tbl_format
 
 from .._kernels import kernels, per_sample_kernels
+from ..errors import UnsupportedCombinationError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
@@ -220,7 +222,7 @@ class ImageLoader(HostLoader):
     (after the copy to ``device``): see :mod:`tbl_loader.host.transforms`; each batch carries
     per-sample keys (``batch.keys``, :mod:`tbl_loader.stream.keys`) for their randomness.
     ``random_resized_crop`` may be a list of crop specs (multi-crop): ``batch.views``
-    holds one image batch per spec, ``batch.images`` the first.
+    holds one image batch per spec, ``batch.images`` the first (on fixed- and variable-size images).
     ``fields`` (leaf paths) serves other leaves of the sample in ``batch.fields`` by the
     pytree loader's rules (``var``: ``"list"`` or ``"pad"``), see :mod:`tbl_loader.image.fields`;
     a label leaf may be an int, a float, a fixed-shape array or optional.
@@ -294,45 +296,15 @@ class ImageLoader(HostLoader):
         verify = verify_mode(verify)
 
         shards, closers = _shard_source(path, verify, cache_dir, cache_limit, storage_options)
-        heaps = None  # the tbl_format.Dataset that heap reads (variable-size images, fields) go through
         try:
-            variable = variable_source.is_variable(shards, spec.image_key)  # tbl convert --max-size
-            if variable:
-                heaps = _heap_dataset(shards, verify, closers)
-            if variable:
-                columns = variable_source.bind_variable(spec, heaps)
-                if spec.extra_crops:
-                    raise ValueError("several crop views are not served from variable-size images yet "
-                                     "(tbl convert --max-size); convert with --size S for them")
-                variable_source.check_jpeg_dct(jpeg_dct, columns)
-                if gpu is not None:
-                    gpu.check_store(columns, jpeg_dct)
-                settings = {**spec.stream_settings(), **(variable_source.stream_settings(columns) if gpu is None
-                                                         else gpu.stream_settings(columns)),
-                            **variable_source.jpeg_dct_settings(jpeg_dct)}
-            else:  # binding reads shapes only: a remote source's layout maps no shard for it
-                variable_source.check_jpeg_dct(jpeg_dct, None)
-                if gpu is not None:
-                    gpu.check_store(None, jpeg_dct)
-                columns = spec.bind(shards.layout(), any_label=True)
-                settings = spec.stream_settings()
+            bound = bind_source(shards, spec, seed=options.seed, verify=verify, closers=closers, fields=fields,
+                                var=var, jpeg_dct=jpeg_dct, gpu=gpu, num_threads=num_threads,
+                                batch_size=options.batch_size)
+            columns, source = bound.columns, bound.source
             subset = resolve_rows(columns.num_samples, rows, subsample)
             cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
-                                  dataset_fingerprint=shards.fingerprint, settings=settings, rows=subset,
+                                  dataset_fingerprint=shards.fingerprint, settings=bound.settings, rows=subset,
                                   shard_rows=shards.segment_rows)
-            field_paths = _field_paths(fields, spec, columns)
-            if field_paths and heaps is None:
-                heaps = _heap_dataset(shards, verify, closers)
-            reader = FieldReader(heaps, field_paths, var) if field_paths else None
-            if variable:
-                lazy = heaps.verify_rows if verify == "lazy" else None
-                make = variable_source.VariableImageSource if gpu is None else gpu.source
-                source = make(heaps, columns, spec, options.seed, lazy, num_threads, reader, jpeg_dct)
-                closers.insert(0, source.close)  # the decode threads stop before the dataset closes
-            else:
-                lazy = shards.verify_rows if verify == "lazy" else None
-                source = _ImageSource(columns, spec, options.seed, shards, lazy, reader, options.batch_size)
-                closers.insert(0, source.close)  # its read-ahead stops before the dataset closes
             host_batch = functools.partial(source.batch, backend=output.backend, torch_device=None)
             stage = TransformStage(host_batch, output, transform, device_transform)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers,
@@ -347,7 +319,7 @@ class ImageLoader(HostLoader):
             kernels.set_num_threads(num_threads)
         # The dataset read: a tbl_format.Dataset (for a URL's heap reads, one over the shard cache), or the
         # RemoteDataset of a URL's fixed-size images. The loader's path and remote settings, for ImageDataset.
-        self.dataset = heaps if variable else shards.dataset
+        self.dataset = bound.heaps if bound.variable else shards.dataset
         self.shards = shards
         self.path = path
         self.remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options}
@@ -355,10 +327,78 @@ class ImageLoader(HostLoader):
         self.image_shape = getattr(columns, "image_shape", None)  # None: images of variable size
         self.has_labels = columns.labels is not None
         self.verify = verify
+        self.jpeg_dct = jpeg_dct
+        self.gpu_decode = gpu is not None  # an ImageDataset twin would decode elsewhere: from_loader refuses
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Batch:
         # The pipeline's source (never kept on the loader: close() must drop it, and with it the maps).
         return self._pipeline.source.batch(outputs, payload, plan, self.output.backend, self.output.device)
+
+
+@dataclass(frozen=True)
+class BoundImages:
+    """What one dataset serves under one ImageSpec: its columns, the stream settings, the batch source."""
+
+    columns: ImageColumns | variable_source.VariableColumns
+    settings: dict[str, Any]  # the stream settings the cursor fingerprints
+    source: Any  # _ImageSource, VariableImageSource or (GPU decode) GpuJpegSource
+    heaps: Any  # the tbl_format.Dataset of heap reads (variable-size images, fields), or None
+    variable: bool  # images of variable size (tbl convert --max-size)
+
+
+def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers: list[Any], fields: Any = (),
+                var: str = "list", jpeg_dct: str = "accurate", gpu: Any = None, num_threads: int | None = None,
+                batch_size: int = 1) -> BoundImages:
+    """The batch source of ``shards`` (a shard source) under ``spec``: fixed-size or variable-size (raw or
+    JPEG) images, with their fields. The one place both ImageLoader and ImageDataset make it, so that a
+    map-style twin fills its batches exactly as the loader does.
+
+    Args:
+        shards: the shard source (LocalShards or a RemoteDataset).
+        spec: the image contract.
+        seed: the stream seed (crop and flip draws).
+        verify: "never", "open" or "lazy" (`tbl_loader.source.verify`).
+        closers: what closes with the caller; the source's and heap dataset's closers are put first.
+        fields: extra leaf paths served in ``batch.fields``; ``var``: their variable-size rule.
+        jpeg_dct: the serve-time IDCT of JPEG storage.
+        gpu: a `tbl_loader.image.gpu_decode.GpuDecode`, or None to decode on the CPU.
+        num_threads: decode threads of JPEG storage (None: the kernels' pool size).
+        batch_size: the batches read ahead of a fixed-size source.
+    """
+    variable = variable_source.is_variable(shards, spec.image_key)  # tbl convert --max-size
+    heaps = _heap_dataset(shards, verify, closers) if variable else None
+    if variable:
+        columns = variable_source.bind_variable(spec, heaps)
+        variable_source.check_jpeg_dct(jpeg_dct, columns)
+        if gpu is not None:
+            gpu.check_store(columns, jpeg_dct)
+            if spec.extra_crops:
+                raise UnsupportedCombinationError(
+                    "several crop views (random_resized_crop as a list) with decode_device: the GPU decode "
+                    "serves one view; decode on the CPU for several")
+        settings = {**spec.stream_settings(), **(variable_source.stream_settings(columns) if gpu is None
+                                                 else gpu.stream_settings(columns)),
+                    **variable_source.jpeg_dct_settings(jpeg_dct)}
+    else:  # binding reads shapes only: a remote source's layout maps no shard for it
+        variable_source.check_jpeg_dct(jpeg_dct, None)
+        if gpu is not None:
+            gpu.check_store(None, jpeg_dct)
+        columns = spec.bind(shards.layout(), any_label=True)
+        settings = spec.stream_settings()
+    field_paths = _field_paths(fields, spec, columns)
+    if field_paths and heaps is None:
+        heaps = _heap_dataset(shards, verify, closers)
+    reader = FieldReader(heaps, field_paths, var) if field_paths else None
+    if variable:
+        lazy = heaps.verify_rows if verify == "lazy" else None
+        make = variable_source.VariableImageSource if gpu is None else gpu.source
+        source = make(heaps, columns, spec, seed, lazy, num_threads, reader, jpeg_dct)
+        closers.insert(0, source.close)  # the decode threads stop before the dataset closes
+    else:
+        lazy = shards.verify_rows if verify == "lazy" else None
+        source = _ImageSource(columns, spec, seed, shards, lazy, reader, batch_size)
+        closers.insert(0, source.close)  # its read-ahead stops before the dataset closes
+    return BoundImages(columns, settings, source, heaps, variable)
 
 
 def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns | variable_source.VariableColumns) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UnsupportedCombinationError
 from ..host.output import OUTPUT_DTYPES
 from ..stream import order
 
@@ -293,8 +294,10 @@ def _columns(dataset: Any, image_key: str, label_key: str,
         raise ValueError(f"dataset has no {image_key!r} leaf (leaves: {paths})")
     kind = dataset.schema.leaves[image_key]
     if kind.kind in VARIABLE_IMAGE_KINDS:
-        raise ValueError(f"leaf {image_key!r} holds images of variable size ({kind.kind}); "
-                         "tbl_loader.ImageLoader serves them (this loader serves fixed-size image columns)")
+        raise UnsupportedCombinationError(
+            f"leaf {image_key!r} holds images of variable size ({kind.kind}; tbl convert --max-size); this "
+            "binding reads one fixed-size (rows, H, W, C) column, as tbl-resident uploads it to the device: "
+            "serve them with tbl_loader.ImageLoader, or convert with --size S")
     images = [s for s in dataset.segments(image_key) if s.shape[0] > 0]
     if not images:
         raise ValueError("dataset has no samples")

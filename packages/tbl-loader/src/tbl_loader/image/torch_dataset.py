@@ -6,6 +6,10 @@ position: ``len(ds)``, ``ds[i]`` (one ``(image, label)`` pair), and
 ``ds.get_batch(positions)`` / ``__getitems__`` (one :class:`~tbl_loader.Batch`
 made by the same kernel calls as the loader's batches, bit for bit). Build it
 with ``ImageDataset.from_loader(loader)`` or ``ImageDataset(path, **image_options)``.
+Fixed-size and variable-size images (``tbl convert --max-size``, raw or JPEG, with
+``fields=`` and several crop views) alike: the batch source is made by the loader's
+own binding (:func:`tbl_loader.image.loader.bind_source`). The twin of a loader that
+decodes on the GPU (``decode_device``) is refused: its workers would decode on the CPU.
 
 Augmentation draws depend on the epoch (a pure function of ``(seed, epoch,
 row)``). :class:`EpochBatchSampler` yields the loader's batches of the current
@@ -51,14 +55,14 @@ import numpy as np
 
 import tbl_format
 
+from ..errors import UnsupportedCombinationError
 from ..host.output import OutputSpec
 from ..pytree.dataset import CollatedBatch, as_indices
 from ..source.local import LocalShards
 from ..source.storage import is_url
 from ..stream.order import BatchPlan, EpochOrder
 from ..stream.subset import resolve_rows
-from .fields import FieldReader
-from .loader import Batch, _field_paths, _heap_dataset, _ImageSource
+from .loader import Batch, bind_source
 from .spec import ImageSpec
 
 __all__ = ["EpochBatch", "EpochBatchSampler", "ImageDataset", "PassPlan"]
@@ -133,6 +137,18 @@ class EpochBatchSampler:
                              PassPlan(described, size, options.drop_last, k))
 
 
+def _signature(shards: Any, bound: Any, spec: ImageSpec, fields: tuple[str, ...], var: str,
+               backend: str) -> dict[str, Any]:
+    """What every batch of a dataset holds, beyond its values: per view the sample shape, the dtype, the
+    backend, the label's kind and the fields' kinds. Sources whose batches are joined (Mix) must agree on it."""
+    leaves = shards.schema.leaves
+    label = None if bound.columns.labels is None and not bound.columns.label_field else str(leaves[spec.label_key])
+    shapes = [list(bound.columns.out_shape(spec.layout))]
+    shapes += [list(shape) for _, _, _, shape in bound.source.extra_views]
+    return {"views": shapes, "dtype": spec.dtype, "backend": backend, "label": label,
+            "fields": {p: str(leaves[p]) for p in fields}, "var": var if fields else None}
+
+
 class ImageDataset:
     """Map-style image dataset (see the module docstring).
 
@@ -141,7 +157,7 @@ class ImageDataset:
     ``random_resized_crop``, ``center_crop``, ``dtype``, ``layout``, ``image_key``,
     ``label_key``), or ``spec``: an :class:`~tbl_loader.image.ImageSpec` holding them. ``fields``,
     ``var``, ``seed``,
-    ``rows``, ``subsample``, ``backend`` as in ImageLoader; ``epoch``: the epoch whose
+    ``rows``, ``subsample``, ``backend``, ``jpeg_dct`` as in ImageLoader; ``epoch``: the epoch whose
     draws plain position lists get. ``path`` may be a URL: ``cache_dir``, ``cache_limit``
     and ``storage_options`` as in ImageLoader (see the module docstring).
     """
@@ -150,7 +166,7 @@ class ImageDataset:
                  subsample: float | None = None, backend: str | None = None, epoch: int = 0,
                  spec: ImageSpec | None = None, fields: Any = (), var: str = "list", cache_dir: Any = None,
                  cache_limit: Any = None, storage_options: dict[str, Any] | None = None,
-                 **image_options: Any) -> None:
+                 jpeg_dct: str = "accurate", **image_options: Any) -> None:
         if spec is not None and image_options:
             raise TypeError(f"pass spec= or image options, not both (got {sorted(image_options)})")
         self.path = path
@@ -158,9 +174,10 @@ class ImageDataset:
         self.spec = spec if spec is not None else ImageSpec(**image_options)
         self.seed = int(seed)
         self.fields, self.var = tuple(fields), var
+        self.jpeg_dct = jpeg_dct
         self.output = OutputSpec.create(backend)
         self.epoch = int(epoch)
-        self._state: tuple[Any, _ImageSource, list[Any]] | None = None
+        self._state: tuple[Any, Any, list[Any]] | None = None  # (shard source, batch source, closers)
         self._state_pid = os.getpid()  # the process that opened _state
         self._fetch_plan: tuple[Any, int] | None = None  # (the pass scheduled for fetching, its last batch)
         dataset, _ = self._ensure()
@@ -175,16 +192,21 @@ class ImageDataset:
     @classmethod
     def from_loader(cls, loader: Any) -> ImageDataset:
         """The map-style twin of an ImageLoader: its dataset, image settings, seed, subset and backend."""
+        if loader.gpu_decode:
+            raise UnsupportedCombinationError(
+                "ImageDataset.from_loader of a loader with decode_device: the map-style dataset decodes on the "
+                "CPU (in DataLoader workers), which gives other pixels than nvJPEG; make the loader without "
+                "decode_device, or iterate the loader itself")
         where = loader.remote_options if is_url(loader.path) else {}
         path = loader.path if isinstance(loader.path, (str, os.PathLike)) else loader.dataset.path
         ds = cls(path, seed=loader.seed, backend=loader.output.backend, epoch=loader.epoch, spec=loader.spec,
-                 fields=loader.fields, var=loader.var, **where)
+                 fields=loader.fields, var=loader.var, jpeg_dct=loader.jpeg_dct, **where)
         ds.rows = loader.cursor.rows
         ds._len = loader.num_samples
         return ds
 
     # ---- opening --------------------------------------------------------------------------------
-    def _ensure(self) -> tuple[Any, _ImageSource]:
+    def _ensure(self) -> tuple[Any, Any]:
         if self._state is not None and self._state_pid != os.getpid():
             # Inherited through fork (a DataLoader worker): the parent's maps, fetcher threads and storage
             # client belong to the parent. Dropped here, never closed (closing would act on the parent's).
@@ -199,15 +221,16 @@ class ImageDataset:
                 if expected is not None and shards.fingerprint != expected:
                     raise tbl_format.DatasetChangedError(
                         f"{self.path}: the dataset changed since this ImageDataset was created")
-                columns = self.spec.bind(shards.layout(), any_label=True)  # a remote layout: shapes only
-                paths = _field_paths(self.fields, self.spec, columns)
-                reader = FieldReader(_heap_dataset(shards, "never", closers), paths, self.var) if paths else None
+                # The loader's own binding: fixed-size, or variable-size raw / JPEG images, and the fields
+                bound = bind_source(shards, self.spec, seed=self.seed, verify="never", closers=closers,
+                                    fields=self.fields, var=self.var, jpeg_dct=self.jpeg_dct)
             except BaseException:
                 for close in closers:
                     close()
                 raise
-            self._source_rows = columns.num_samples
-            self._state = (shards, _ImageSource(columns, self.spec, self.seed, shards, fields=reader), closers)
+            self._source_rows = bound.columns.num_samples
+            self.signature = _signature(shards, bound, self.spec, self.fields, self.var, self.output.backend)
+            self._state = (shards, bound.source, closers)
         return self._state[:2]
 
     def _open(self) -> Any:

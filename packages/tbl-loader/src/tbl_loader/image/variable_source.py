@@ -46,9 +46,9 @@ from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from .fields import FieldReader
 from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
-from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows
+from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows, view_seed
 
-__all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable"]
+__all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable", "sample_boxes", "stream_settings"]
 
 SIZE_KEYS = ("height", "width")
 
@@ -167,6 +167,29 @@ def _evaluation(spec: ImageSpec) -> bool:
     return spec.random_resized_crop is None and spec.resize is not None
 
 
+def sample_boxes(spec: ImageSpec, seed: int, columns: VariableColumns, epoch: int, ids: np.ndarray) -> np.ndarray:
+    """Samples ``ids``' boxes on their own sizes (from the columns alone): int32 (n, 4) for
+    ``crop_resize_images``, or float64 (n, 4) windows for ``resize_crop_images`` (evaluation transform).
+
+    Args:
+        spec: the image contract (its random_resized_crop, or center_crop with or without resize).
+        seed: the stream seed the crop boxes are drawn with.
+        columns: the dataset's sizes (`bind_variable`).
+        epoch: the epoch of the draws.
+        ids: dataset rows, int64.
+    """
+    h, w = columns.heights[ids], columns.widths[ids]
+    crop = spec.random_resized_crop
+    if crop is not None:
+        return order.random_resized_crop_boxes(seed, epoch, ids, h, w, crop.scale, crop.ratio)
+    ch, cw = columns.out_hw
+    if spec.resize is not None:
+        return resized_center_crop_windows(h, w, spec.resize, ch, cw)
+    # order.center_crop_box's rule (torchvision's CenterCrop), per sample
+    top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
+    return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
+
+
 class VariableImageSource:
     """Fills ring slots for an ImageLoader over variable-size images. Holds the dataset, never the loader."""
 
@@ -196,6 +219,13 @@ class VariableImageSource:
         self.num_threads = num_threads
         self.jpeg_dct = check_jpeg_dct(jpeg_dct, columns)  # the IDCT of the serve-time decode (jpeg_decode)
         self._pool: ThreadPoolExecutor | None = None
+        # Multi-crop: views 1.. as (buffer name, crop, view seed, served shape); view 0 is "images". Each view
+        # is exactly the single view a loader of seed view_seed(seed, v) serves (fixed-size images' rule).
+        self.extra_views = [
+            (f"images_{v}", crop, view_seed(seed, v),
+             (columns.channels, *crop.output_size) if spec.layout == "CHW" else (*crop.output_size, columns.channels))
+            for v, crop in enumerate(spec.extra_crops, start=1)
+        ]
 
     def begin_pass(self, epoch_order: Any) -> None:
         """A dataset at a URL downloads the pass's shards ahead of its batches (a no-op for local data)."""
@@ -206,6 +236,8 @@ class VariableImageSource:
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.spec.dtype, output)}
+        for name, _, _, shape in self.extra_views:
+            buffers[name] = allocate_host((capacity, *shape), self.spec.dtype, output)
         if self.labels is not None:
             buffers["labels"] = allocate_host((capacity,), "int64", output, as_rows=True)
         if self.fields is not None:
@@ -213,18 +245,8 @@ class VariableImageSource:
         return buffers
 
     def boxes(self, epoch: int, ids: np.ndarray) -> np.ndarray:
-        """Samples ``ids``' boxes on their own sizes (from the columns alone): int32 (n, 4) for
-        ``crop_resize_images``, or float64 (n, 4) windows for ``resize_crop_images`` (evaluation transform)."""
-        h, w = self.columns.heights[ids], self.columns.widths[ids]
-        crop, spec = self.spec.random_resized_crop, self.spec
-        if crop is not None:
-            return order.random_resized_crop_boxes(self.seed, epoch, ids, h, w, crop.scale, crop.ratio)
-        ch, cw = self.out_hw
-        if spec.resize is not None:
-            return resized_center_crop_windows(h, w, spec.resize, ch, cw)
-        # order.center_crop_box's rule (torchvision's CenterCrop), per sample
-        top, left = np.rint((h - ch) / 2.0).astype(np.int64), np.rint((w - cw) / 2.0).astype(np.int64)
-        return np.stack([top, left, np.full_like(h, ch), np.full_like(w, cw)], axis=1).astype(np.int32)
+        """Samples ``ids``' boxes (`sample_boxes`)."""
+        return sample_boxes(self.spec, self.seed, self.columns, epoch, ids)
 
     def batch(self, outputs: dict[str, Any], payload: Any, plan: BatchPlan, backend: str,
               torch_device: Any = False) -> Batch:
@@ -233,8 +255,9 @@ class VariableImageSource:
         fields = {}
         if self.fields is not None:
             fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
-        return Batch(outputs["images"], outputs.get("labels"), host_indices(plan.sample_ids, backend),
-                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields)
+        views = (outputs["images"], *(outputs[name] for name, _, _, _ in self.extra_views))
+        return Batch(views[0], outputs.get("labels"), host_indices(plan.sample_ids, backend),
+                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), views=views, fields=fields)
 
     def _read_rows(self, plan: BatchPlan) -> tuple[np.ndarray, Any, list[Any]]:
         """A batch's boxes, flips (or None) and stored image values, its rows checked first under verify="lazy"."""
@@ -250,16 +273,28 @@ class VariableImageSource:
         ids = plan.sample_ids
         n = ids.shape[0]
         boxes, flip, values = self._read_rows(plan)
-        if self.columns.store == "raw":
-            images = self._raw_views(values, ids)
-        else:
-            images, boxes = self._decode(values, ids, boxes)
-        out = buffers["images"][:n]
+        # JPEG rows decoded at one DCT scale are decoded once for every view that asks for that scale
+        decoded: dict[tuple[int, int], np.ndarray] = {}
         kernel = self.kernels.resize_crop_images if self.windows else self.kernels.crop_resize_images
-        kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
+        self._crop_view(kernel, values, ids, boxes, flip, self.out_hw, buffers["images"][:n], decoded)
+        for name, crop, seed, _ in self.extra_views:
+            h, w = self.columns.heights[ids], self.columns.widths[ids]
+            view_boxes = order.random_resized_crop_boxes(seed, plan.epoch, ids, h, w, crop.scale, crop.ratio)
+            view_flip = order.flip_draws(seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
+            self._crop_view(self.kernels.crop_resize_images, values, ids, view_boxes, view_flip, crop.output_size,
+                            buffers[name][:n], decoded)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
         return None if self.fields is None else self.fields.fill(buffers, ids)
+
+    def _crop_view(self, kernel: Any, values: list[Any], ids: np.ndarray, boxes: np.ndarray, flip: Any,
+                   out_hw: tuple[int, int], out: np.ndarray, decoded: dict[tuple[int, int], np.ndarray]) -> None:
+        """One view of the batch: its boxes on the stored (raw) or decoded (JPEG) images, into ``out``."""
+        if self.columns.store == "raw":
+            images = self._raw_views(values, ids)
+        else:
+            images, boxes = self._decode(values, ids, boxes, out_hw, decoded)
+        kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
 
     def _raw_views(self, views: list[Any], ids: np.ndarray) -> list[np.ndarray]:
         h, w = self.columns.heights[ids], self.columns.widths[ids]
@@ -270,14 +305,20 @@ class VariableImageSource:
                     f"columns ({int(h[k])}, {int(w[k])})")
         return views
 
-    def _decode(self, blobs: list[Any], ids: np.ndarray, boxes: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    def _decode(self, blobs: list[Any], ids: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
+                decoded: dict[tuple[int, int], np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+        """Rows ``blobs`` decoded at the DCT scale each box allows for ``out_hw``, and the boxes mapped onto
+        the decoded images; ``decoded`` ((batch position, scale): image) holds the decodes of earlier views."""
         h, w = self.columns.heights[ids], self.columns.widths[ids]
-        scales = dct_scale(boxes[:, 2], boxes[:, 3], *self.out_hw)
+        scales = dct_scale(boxes[:, 2], boxes[:, 3], *out_hw)
         # Python ints, read once: the per-image step below is the only Python that runs per JPEG
         scale_list, h_list, w_list, rows = scales.tolist(), h.tolist(), w.tolist(), ids.tolist()
         dct = self.jpeg_dct
 
         def one(k: int) -> np.ndarray:
+            done = decoded.get((k, scale_list[k]))
+            if done is not None:
+                return done
             try:
                 image = decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k], dct=dct)
             except ValueError as e:
@@ -286,6 +327,7 @@ class VariableImageSource:
                 raise ImageGeometryError(
                     f"{self.path}: row {rows[k]}: the JPEG decodes to {image.shape[:2]}, its height/width "
                     f"columns say ({h_list[k]}, {w_list[k]})")
+            decoded[(k, scale_list[k])] = image  # one thread per k: no two threads write one key
             return image
 
         threads = max(1, self.num_threads or kernels.get_num_threads())

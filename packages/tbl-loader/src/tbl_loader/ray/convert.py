@@ -27,6 +27,12 @@ How it runs:
    whatever order Ray ran the tasks in (`OrderError` otherwise; nothing is
    published).
 
+With ``max_size`` (``tbl convert --max-size N [--store raw|jpeg]``) a task
+prepares each image by the local converter's variable-size recipe
+(`conversion.VariableRecipe`) and its rows carry the stored bytes with their
+``height`` and ``width``; the rows, schema and metadata are again the local
+converter's.
+
 Bad images follow ``on_error`` exactly as locally: with ``"fail"`` the first
 bad image in source order is raised as `ImageDecodeError` and nothing is
 published; with ``"skip"`` it is left out and listed in the report.
@@ -70,14 +76,17 @@ __all__ = ["convert"]
 MIN_IMAGES_PER_TASK = 16
 MAX_IMAGES_PER_TASK = 512
 TASKS_PER_CPU = 4
-_VERSION_KEYS = ("converter", "pillow", "libjpeg", "libjpeg_turbo")
+_VERSION_KEYS = ("converter", "pillow", "libjpeg", "libjpeg_turbo", "decoder")  # decoder: JPEG storage only
 
 
 def convert(
     src: str | os.PathLike[str] | Sequence[tuple[str | os.PathLike[str], int | str]],
     dst: str | os.PathLike[str],
-    size: int,
+    size: int | None = None,
     *,
+    max_size: int | None = None,
+    store: str = "raw",
+    quality: int | None = None,
     mode: str = "center_crop",
     on_error: str = "fail",
     shard_rows: int | None = None,
@@ -93,7 +102,9 @@ def convert(
     allow_empty_classes: bool = False,
 ) -> ConvertReport:
     """Convert ``src`` to the dataset folder ``dst`` on Ray; the options mean what they mean for
-    `tbl_loader.convert` (``shard_rows`` / ``shards`` shape the shards only).
+    `tbl_loader.convert` (``shard_rows`` / ``shards`` shape the shards only): ``size`` (S x S images) or
+    ``max_size`` (variable size, stored ``store="raw"`` or ``"jpeg"`` at ``quality``; see
+    `tbl_loader.conversion.variable`).
 
     ``address``: the Ray cluster to connect to (``ray.init(address=...)``) when
     this process is not connected yet; None starts or joins as ``ray.init()``
@@ -102,7 +113,7 @@ def convert(
     Ray task (default: about four tasks per cluster CPU, 16 to 512 images).
     """
     t0 = time.perf_counter()
-    check_params(size, mode, resample)
+    recipe = _recipe(size, max_size, store, quality, mode, resample, draft)
     check_strict()
     if on_error not in conversion.ON_ERROR:
         raise ValueError(f"on_error must be one of {conversion.ON_ERROR}, got {on_error!r}")
@@ -124,7 +135,6 @@ def convert(
         dst_path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
-    params = (size, mode, resample, draft)
     with _connected(address), _listed(src, label_file, dst_path.parent) as listing:
         check_empty_classes(listing, allow_empty_classes)
         n = len(listing)
@@ -132,19 +142,20 @@ def convert(
         t_scan = time.perf_counter()
         rep = ConvertReport(
             source=os.fspath(src) if isinstance(src, (str, os.PathLike)) else f"<list of {n}>",
-            destination=str(dst_path), status="failed", size=size, mode=mode, resample=resample, draft=draft,
+            destination=str(dst_path), status="failed", size=size, max_size=max_size,
+            store=None if max_size is None else store, mode=mode, resample=resample, draft=draft,
             workers=cpus, part=None, part_range=(0, n), source_images=n, total=n, written=0, failed=0, errors=[],
             ignored_files=len(listing.ignored), classes=len(listing.classes),
             skipped=[ImageError(name, why) for name, why in listing.skipped], max_image_bytes=max_image_bytes,
             empty_classes=list(listing.empty_classes),
         )
-        metadata = conversion.dataset_metadata(listing, conversion.FixedRecipe(*params))
+        metadata = conversion.dataset_metadata(listing, recipe)
         per_task = images_per_task or min(MAX_IMAGES_PER_TASK,
                                           max(MIN_IMAGES_PER_TASK, math.ceil(n / (TASKS_PER_CPU * cpus))))
         sink = _ImageSink(dst_path, shard_rows=shard_rows or (math.ceil(n / shards) if shards else None),
-                          schema=conversion.fixed_schema(size), metadata=metadata, on_error=on_error, total=n)
+                          schema=recipe.schema(), metadata=metadata, on_error=on_error, total=n, recipe=recipe)
         try:
-            _run(listing, sink, per_task, max_image_bytes, params, metadata, progress)
+            _run(listing, sink, per_task, max_image_bytes, recipe, metadata, progress)
             rep.written, rep.failed = sink.result["rows"], len(sink.errors)  # type: ignore[index]
             rep.errors = [ImageError(name, message) for _, name, message in sink.errors]
         except BaseException as e:
@@ -156,6 +167,18 @@ def convert(
         rep.status = "ok"
         conversion.finish_report(rep, t0, t_scan, report_path)
     return rep
+
+
+def _recipe(size: int | None, max_size: int | None, store: str, quality: int | None, mode: str, resample: str,
+            draft: bool) -> Any:
+    """The local converter's recipe for these options (the same checks, the same errors)."""
+    if (size is None) == (max_size is None):
+        raise ValueError("give exactly one of size (fixed S x S images) and max_size (variable size, aspect kept)")
+    if size is not None:
+        check_params(size, mode, resample)
+        return conversion.FixedRecipe(size, mode, resample, draft)
+    more = {} if quality is None else {"quality": quality}
+    return conversion.VariableRecipe(max_size, store, resample=resample, draft=draft, **more)
 
 
 @contextmanager
@@ -223,8 +246,8 @@ def _ordered(progress: bool) -> Iterator[None]:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = old
 
 
-def _run(listing: Any, sink: _ImageSink, per_task: int, max_bytes: int, params: tuple[int, str, str, bool],
-         metadata: dict[str, Any], progress: bool) -> None:
+def _run(listing: Any, sink: _ImageSink, per_task: int, max_bytes: int, recipe: Any, metadata: dict[str, Any],
+         progress: bool) -> None:
     n = len(listing)
     items = [
         {"index": i, "name": name, "path": loc if isinstance(loc, str) else "",
@@ -232,12 +255,12 @@ def _run(listing: Any, sink: _ImageSink, per_task: int, max_bytes: int, params: 
          "label": label}
         for i, (name, loc, label) in enumerate(zip(listing.names, listing.locators, listing.labels, strict=True))
     ]
-    versions = {k: metadata["preprocess"][k] for k in _VERSION_KEYS}
+    versions = {k: metadata["preprocess"][k] for k in _VERSION_KEYS if k in metadata["preprocess"]}
     with _ordered(progress):
         ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(n / per_task)))
         ds = ds.map_batches(
             _decode_batch, batch_size=None, batch_format="numpy",
-            fn_kwargs={"tar_path": listing.tar_path, "max_bytes": max_bytes, "params": params, "versions": versions},
+            fn_kwargs={"tar_path": listing.tar_path, "max_bytes": max_bytes, "recipe": recipe, "versions": versions},
         )
         try:
             ds.write_datasink(sink)
@@ -251,31 +274,44 @@ def _run(listing: Any, sink: _ImageSink, per_task: int, max_bytes: int, params: 
             raise
 
 
-def _decode_batch(batch: dict[str, np.ndarray], *, tar_path: str | None, max_bytes: int,
-                  params: tuple[int, str, str, bool], versions: dict[str, Any]) -> dict[str, np.ndarray]:
-    """One Ray task's images decoded and resized (on a worker); a bad image gets a message instead of pixels."""
-    recipe = conversion.FixedRecipe(*params)
-    here = {k: conversion.dataset_metadata(_NO_CLASSES, recipe)["preprocess"][k] for k in _VERSION_KEYS}
+def _decode_batch(batch: dict[str, np.ndarray], *, tar_path: str | None, max_bytes: int, recipe: Any,
+                  versions: dict[str, Any]) -> dict[str, np.ndarray]:
+    """One Ray task's images prepared by ``recipe`` (on a worker); a bad image gets a message instead of pixels.
+
+    Fixed-size images come back as one ``(count, S, S, 3)`` array; variable-size ones as their stored bytes
+    (raw pixels or JPEG) with their ``height`` and ``width``."""
+    meta = conversion.dataset_metadata(_NO_CLASSES, recipe)["preprocess"]
+    here = {k: meta[k] for k in versions if k in meta}
     if here != versions:
         raise DecoderMismatchError(f"this Ray worker decodes with {here}, the driver records {versions}: "
-                                   "install the same Pillow and tbl-loader on every node")
+                                   "install the same Pillow, simplejpeg and tbl-loader on every node")
     check_strict()
-    size = params[0]
     count = len(batch["index"])
-    images = np.zeros((count, size, size, 3), np.uint8)
+    fixed = isinstance(recipe, conversion.FixedRecipe)
+    if fixed:
+        images: np.ndarray = np.zeros((count, recipe.size, recipe.size, 3), np.uint8)
+    else:
+        images = np.empty(count, dtype=object)
+        sizes = np.zeros((count, 2), np.int64)
     errors = np.empty(count, dtype=object)
     decoder = conversion.Decoder(tar_path, max_bytes, recipe)
     try:
         for i in range(count):
             path = str(batch["path"][i])
             loc: Any = path if path else (int(batch["offset"][i]), int(batch["nbytes"][i]))
-            pixels, err = decoder.one(loc)
-            if err is None:
-                images[i] = np.frombuffer(pixels, np.uint8).reshape(size, size, 3)  # type: ignore[arg-type]
+            prepared, err = decoder.one(loc)
+            if fixed and err is None:
+                images[i] = np.frombuffer(prepared, np.uint8).reshape(recipe.size, recipe.size, 3)
+            elif not fixed:
+                h, w, payload = prepared if err is None else (0, 0, b"")
+                images[i], sizes[i] = payload, (h, w)
             errors[i] = err or ""
     finally:
         decoder.close()
-    return {"index": batch["index"], "name": batch["name"], "label": batch["label"], "image": images, "error": errors}
+    out = {"index": batch["index"], "name": batch["name"], "label": batch["label"], "image": images, "error": errors}
+    if not fixed:
+        out.update(height=sizes[:, 0], width=sizes[:, 1])
+    return out
 
 
 class _NoClasses:
@@ -288,8 +324,10 @@ _NO_CLASSES = _NoClasses()
 class _ImageSink(TblDatasink):
     """TblDatasink for decoded images: bad images are left out and reported; parts ordered by image index."""
 
-    def __init__(self, path: Path, *, on_error: str, total: int, **kwargs: Any) -> None:
+    def __init__(self, path: Path, *, on_error: str, total: int, recipe: Any, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
+        self.fixed = isinstance(recipe, conversion.FixedRecipe)
+        self.recipe = recipe
         self.on_error = on_error
         self.total = total
         self.errors: list[tuple[int, str, str]] = []  # (index, name, message), in source order
@@ -312,7 +350,11 @@ class _ImageSink(TblDatasink):
             if batch["error"][i]:
                 info["errors"].append((k, str(batch["name"][i]), str(batch["error"][i])))
                 continue
-            yield {"image": images[i], "label": int(labels[i])}
+            if self.fixed:
+                yield {"image": images[i], "label": int(labels[i])}
+            else:  # the local converter's row: (height, width, stored bytes)
+                prepared = (int(batch["height"][i]), int(batch["width"][i]), bytes(images[i]))
+                yield self.recipe.row(prepared, int(labels[i]))
 
     def _order_key(self, ret: dict[str, Any]) -> Any:
         return -1 if ret["first"] is None else ret["first"]
