@@ -73,7 +73,8 @@ def test_torchrun_two_ranks_two_fork_workers_over_s3(s3_server, jpeg_dataset, tm
     for epoch in range(EPOCHS):
         seen = np.concatenate([r["rows"][epoch * per_epoch:(epoch + 1) * per_epoch].reshape(-1) for r in remote])
         assert np.array_equal(np.sort(seen), np.arange(ROWS))  # every sample exactly once in the epoch
-    for r, l in zip(remote, local, strict=True):
-        assert np.array_equal(r["rows"], l["rows"]) and np.array_equal(r["images"], l["images"])
-        assert r["captions"].tolist() == l["captions"].tolist() == [f"photo {i}" for i in r["rows"].reshape(-1)]
-    print(f"remote {max(r['seconds'] for r in remote):.2f} s, local {max(l['seconds'] for l in local):.2f} s")
+    for got, want in zip(remote, local, strict=True):
+        assert np.array_equal(got["rows"], want["rows"]) and np.array_equal(got["images"], want["images"])
+        captions = [f"photo {i}" for i in got["rows"].reshape(-1)]
+        assert got["captions"].tolist() == want["captions"].tolist() == captions
+    print(f"remote {max(r['seconds'] for r in remote):.2f} s, local {max(r['seconds'] for r in local):.2f} s")
