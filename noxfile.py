@@ -37,6 +37,7 @@ TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"]
 # Test processes per pytest run (pytest-xdist's -n): one per core by default; TBL_TEST_WORKERS=0 runs in-process.
 TEST_WORKERS = os.environ.get("TBL_TEST_WORKERS", "auto")
 REMOTE_TEST_DEPS = ["moto[server]>=5"]  # the loopback S3 server of tbl-loader's remote tests
+LIGHTNING_TEST_DEPS = ["lightning>=2.1"]  # tbl-loader's batches moved and rebuilt by Lightning's collection helpers
 
 # Order matters: each package after the ones it depends on.
 ALL_PACKAGES = ["tbl-format", "tbl-kernels", "tbl-loader", "tbl-resident", "tbl-bench"]
@@ -60,7 +61,7 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
-    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS)
+    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *LIGHTNING_TEST_DEPS)
     # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
     # object-store tests (a local cluster, a local S3 server) instead of skipping them.
     _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]",
