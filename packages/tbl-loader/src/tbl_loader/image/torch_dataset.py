@@ -59,6 +59,7 @@ from ..source.storage import is_url
 from ..stream.order import BatchPlan, EpochOrder
 from ..stream.subset import resolve_rows
 from .fields import FieldReader
+from .geometry import check_geometry_leaves
 from .loader import Batch, _field_paths, _heap_dataset, _ImageSource
 from .spec import ImageSpec
 
@@ -203,7 +204,9 @@ class ImageDataset:
                         f"{self.path}: the dataset changed since this ImageDataset was created")
                 columns = self.spec.bind(shards.layout(), any_label=True)  # a remote layout: shapes only
                 paths = _field_paths(self.fields, self.spec, columns)
-                reader = FieldReader(_heap_dataset(shards, "never", closers), paths, self.var) if paths else None
+                heaps = _heap_dataset(shards, "never", closers) if paths else None
+                check_geometry_leaves(self.spec.geometry_fields, paths, heaps)
+                reader = FieldReader(heaps, paths, self.var) if paths else None
             except BaseException:
                 for close in closers:
                     close()

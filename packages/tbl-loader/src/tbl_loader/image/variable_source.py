@@ -44,6 +44,7 @@ from ..stream import order
 from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from .fields import FieldReader
+from .geometry import served_geometry
 from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows
 
@@ -228,11 +229,14 @@ class VariableImageSource:
               torch_device: Any = False) -> Batch:
         """The Batch of one plan: images, labels, dataset rows, per-sample keys and the extra fields
         (``payload``: their variable-size columns, from fill)."""
+        served, columns = payload
         fields = {}
         if self.fields is not None:
-            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
+            fields = self.fields.values(outputs, columns, torch_device if backend == "torch" else False)
+        fields, crop_boxes, flips = served.finish(fields, self.spec.geometry_fields, backend)
         return Batch(outputs["images"], outputs.get("labels"), host_indices(plan.sample_ids, backend),
-                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields)
+                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields,
+                     crop_boxes=crop_boxes, flips=flips)
 
     def _read_rows(self, plan: BatchPlan) -> tuple[np.ndarray, Any, list[Any]]:
         """A batch's boxes, flips (or None) and stored image values, its rows checked first under verify="lazy"."""
@@ -244,20 +248,27 @@ class VariableImageSource:
         flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
         return boxes, flip, self.dataset.values(self.image_key, rows)
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:
+        """Fills the slot; the payload: (the batch's ServedGeometry, the fields' variable-size columns)."""
         ids = plan.sample_ids
         n = ids.shape[0]
         boxes, flip, values = self._read_rows(plan)
         if self.columns.store == "raw":
             images = self._raw_views(values, ids)
+            served = served_geometry(boxes, flip, n, self.out_hw)
         else:
             images, boxes = self._decode(values, ids, boxes)
+            # The region the decoded pixels came from, in stored pixels (a DCT-scaled decode rounds a box outward
+            # to whole decoded pixels).
+            decoded = np.array([im.shape[:2] for im in images], dtype=np.float64).reshape(-1, 2)
+            full = np.stack([self.columns.heights[ids], self.columns.widths[ids]], axis=1).astype(np.float64)
+            served = served_geometry(boxes * np.tile(full / decoded, (1, 2)), flip, n, self.out_hw)
         out = buffers["images"][:n]
         kernel = self.kernels.resize_crop_images if self.windows else self.kernels.crop_resize_images
         kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
-        return None if self.fields is None else self.fields.fill(buffers, ids)
+        return served, None if self.fields is None else self.fields.fill(buffers, ids)
 
     def _raw_views(self, views: list[Any], ids: np.ndarray) -> list[np.ndarray]:
         h, w = self.columns.heights[ids], self.columns.widths[ids]
