@@ -133,3 +133,70 @@ def test_geometry_needs_a_served_field_of_boxes(converted):
         ImageLoader(dst, 4, random_resized_crop=CROP, fields=("path",), geometry={"path": "xyxy"})
     with pytest.raises(GeometryFieldError, match="not a geometry kind"):
         ImageLoader(dst, 4, random_resized_crop=CROP, fields=("boxes",), geometry={"boxes": "cxcywh"})
+
+
+def _capped(h, w, cap):
+    """``tbl convert --max-size``'s stored size (longer side capped, the shorter rounded half up)."""
+    if max(h, w) <= cap:
+        return h, w
+    short = max(1, (2 * min(h, w) * cap + max(h, w)) // (2 * max(h, w)))
+    return (short, cap) if w >= h else (cap, short)
+
+
+@pytest.mark.parametrize("how", [("--size", "48"), ("--size", "48", "--mode", "squash"), ("--max-size", "64")])
+def test_convert_maps_sidecar_boxes_into_stored_pixels(photos, tmp_path, how):
+    tar_path, sidecar_path, sidecar, sizes = photos
+    dst = tmp_path / "ds"
+    _tbl("convert", str(tar_path), str(dst), *how, "--sidecar", str(sidecar_path), "--geometry", "boxes=xyxy",
+         "--keep-path", "--workers", "1", "--quiet")
+    ds = tbl_format.open(dst)
+    for row in range(len(ds)):
+        sample = ds[row]
+        h, w = sizes[sample["path"]]
+        assert tuple(sample["orig_size"]) == (h, w)
+        if how[0] == "--max-size":
+            region, (sh, sw) = (0.0, 0.0, h, w), _capped(h, w, 64)
+        elif "squash" in how:
+            region, (sh, sw) = (0.0, 0.0, h, w), (48, 48)
+        else:  # the central square, fractional offsets
+            side = min(h, w)
+            region, (sh, sw) = ((h - side) / 2, (w - side) / 2, side, side), (48, 48)
+        want = []
+        for x1, y1, x2, y2 in sidecar[sample["path"]]["boxes"]:  # the JSON's numbers, in float64
+            top, left, rh, rw = (float(v) for v in region)
+            xs = [min(max(((float(x) - left) * sw) / rw, 0.0), float(sw)) for x in (x1, x2)]
+            ys = [min(max(((float(y) - top) * sh) / rh, 0.0), float(sh)) for y in (y1, y2)]
+            want.append([xs[0], ys[0], xs[1], ys[1]])
+        got = sample["boxes"]
+        assert got.dtype == np.float32 and np.array_equal(got, np.array(want, dtype=np.float32)), sample["path"]
+    ds.close()
+    # Served: the stored boxes follow the served crop and flip as in the tests above.
+    out = 24
+    loader = ImageLoader(dst, 4, seed=SEED, random_resized_crop=RandomResizedCrop(out, scale=(0.2, 1.0)), hflip=0.5,
+                         fields=("boxes",), geometry={"boxes": "xyxy"}, backend="numpy", prefetch=0)
+    stored = tbl_format.open(dst)
+    for batch in loader:
+        for k, row in enumerate(np.asarray(batch.indices).tolist()):
+            top, left, ch, cw = (float(v) for v in batch.crop_boxes[k])
+            want = []
+            for x1, y1, x2, y2 in stored[row]["boxes"].tolist():
+                xs = [min(max(((x - left) * out) / cw, 0.0), float(out)) for x in (x1, x2)]
+                ys = [min(max(((y - top) * out) / ch, 0.0), float(out)) for y in (y1, y2)]
+                if batch.flips[k]:
+                    xs = [out - xs[1], out - xs[0]]
+                want.append([xs[0], ys[0], xs[1], ys[1]])
+            assert np.array_equal(batch.fields["boxes"][k], np.array(want, np.float32).reshape(-1, 4))
+    stored.close()
+    loader.close()
+
+
+def test_convert_refuses_geometry_without_boxes(photos, tmp_path):
+    tar_path, _, _, _ = photos
+    sidecar = tmp_path / "caption.json"
+    with tarfile.open(tar_path) as tar:
+        sidecar.write_text(json.dumps({m.name: {"caption": "a photo"} for m in tar.getmembers() if m.isfile()}))
+    result = subprocess.run([sys.executable, "-m", "tbl_format.cli", "convert", str(tar_path), str(tmp_path / "ds"),
+                             "--size", "32", "--sidecar", str(sidecar), "--geometry", "caption=xyxy", "--workers",
+                             "1", "--quiet"], capture_output=True, text=True)
+    assert result.returncode != 0 and "must hold lists of [x1, y1, x2, y2] boxes" in result.stderr
+    assert not (tmp_path / "ds").exists()
