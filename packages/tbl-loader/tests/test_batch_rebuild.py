@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import numpy as np
 import pytest
@@ -49,6 +50,7 @@ def _check_moved(batch):
     moved = apply_func.move_data_to_device(batch, torch.device("cpu"))
     assert type(moved) is type(batch)
     assert _form(moved) == _form(batch)
+    assert _form(pickle.loads(pickle.dumps(batch))) == _form(batch)  # what crosses a DataLoader worker's pipe
     return moved
 
 
@@ -70,7 +72,8 @@ def test_lightning_moves_an_image_batch_whole(path, crops):
 def test_to_moves_every_tensor_and_keeps_the_keys(path):
     batch = next(iter(_loader(path, random_resized_crop=[RandomResizedCrop(8), RandomResizedCrop(6)])))
     meta = batch.to("meta")
-    tensors = [*meta.views, meta.labels, meta.indices, meta.fields["score"], *meta.fields["boxes"]]
+    tensors = [*meta.views, meta.labels, meta.indices, meta.crop_boxes, meta.flips, meta.fields["score"],
+               *meta.fields["boxes"]]
     assert all(t.device.type == "meta" for t in tensors) and meta.images is meta.views[0]
     assert meta.keys is batch.keys and meta.fields["caption"] is not None
 
@@ -116,7 +119,8 @@ def test_dataloader_collate_identity_and_pin_memory(path, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
     pinned = torch.utils.data._utils.pin_memory.pin_memory(got)
     assert type(pinned) is Batch and _form(pinned) == _form(got)
-    tensors = [pinned.images, pinned.labels, pinned.indices, pinned.fields["score"], *pinned.fields["boxes"]]
+    tensors = [pinned.images, pinned.labels, pinned.indices, pinned.crop_boxes, pinned.flips, pinned.fields["score"],
+               *pinned.fields["boxes"]]
     assert sorted(id(t) for t in tensors) == sorted(pinned_ids)
 
 
