@@ -98,6 +98,9 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
                    help="store each image's source path and original size as columns path, orig_size")
     p.add_argument("--sidecar", default=None, metavar="FILE",
                    help="JSON / CSV / TSV of per-image fields keyed by path, stored as columns")
+    p.add_argument("--geometry", action="append", default=[], metavar="FIELD=xyxy",
+                   help="a sidecar field of boxes in source pixels, stored mapped into stored pixels "
+                        "(through the resize and crop); repeatable")
     p.add_argument("--allow-empty-classes", action="store_true",
                    help="keep a class folder without images as a class with its label (default: refuse it)")
     p.add_argument("--merge", action="store_true", help="join part outputs PART... into DST instead of converting")
@@ -195,6 +198,15 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     src, dst = args.paths
     options: dict[str, Any] = {} if args.max_image_bytes is None else {"max_image_bytes": args.max_image_bytes}
+    geometry = dict(g.partition("=")[::2] for g in args.geometry)
+    if any("=" not in g for g in args.geometry) or (geometry and args.sidecar is None):
+        _error("--geometry takes FIELD=KIND (e.g. boxes=xyxy) and goes with --sidecar")
+        return EXIT_REFUSED
+    if geometry:
+        if args.engine == "ray" or args.address is not None:
+            _error("--geometry is not supported with --engine ray; nothing was written")
+            return EXIT_REFUSED
+        options["geometry"] = geometry
     if args.max_size is not None:
         options.update(max_size=args.max_size, store=args.store or "raw")
         if args.quality is not None:

@@ -23,6 +23,7 @@ __all__ = [
     "DestinationError",
     "DestinationExistsError",
     "EmptyClassError",
+    "GeometryFieldError",
     "GpuDecodeUnavailableError",
     "ImageDecodeError",
     "ImageGeometryError",
@@ -129,6 +130,10 @@ class RingGrowthWarning(ResourceWarning):
 
 class ImageGeometryError(LoaderError, ValueError):
     """A stored image's shape disagrees with its row's height / width columns (the dataset is damaged)."""
+
+
+class GeometryFieldError(LoaderError, ValueError):
+    """A declared geometry field (``geometry=``) is not a served field of (k, 4) numbers, or names no known kind."""
 
 
 class JpegDecodeError(LoaderError, ValueError):

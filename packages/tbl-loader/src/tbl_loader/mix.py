@@ -48,12 +48,14 @@ a disagreement is a :class:`~tbl_loader.errors.MixError` at construction, naming
 A batch is the sources' batches for its positions, concatenated in schedule
 order: arrays and tensors along the first axis, lists joined, dicts / tuples /
 ``Batch`` leaf by leaf (``Padded`` leaves have per-batch widths: use
-``var="list"`` sources). ``return_sources=True`` yields ``(batch, sources)``,
-``sources`` the int64 source index of every sample.
+``var="list"`` sources). An image batch (:class:`~tbl_loader.Batch`) carries ``batch.sources``, the int64 source index of
+every sample (a tensor on a torch batch); ``return_sources=True`` yields ``(batch, sources)`` with
+``sources`` as a numpy array, for every kind of source.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
@@ -256,18 +258,28 @@ def _make(sources: list[Any], schedule: tuple[np.ndarray, np.ndarray, np.ndarray
     placement = np.concatenate(where)
     inverse = np.empty_like(placement)
     inverse[placement] = np.arange(placement.shape[0])
-    return _join(parts, inverse), src
+    batch = _join(parts, inverse)
+    if isinstance(batch, Batch):  # the source of every sample, beside its row (indices), on the same backend
+        batch.sources = _like(src.copy(), batch.indices)
+    return batch, src
+
+
+def _like(values: np.ndarray, reference: Any) -> Any:
+    """``values`` as a torch tensor when ``reference`` is one, else as they are."""
+    if type(reference).__module__.startswith("torch"):
+        import torch  # a torch batch
+
+        return torch.from_numpy(values)
+    return values
 
 
 def _join(parts: list[Any], inverse: np.ndarray) -> Any:
     """Concatenate batch parts leaf by leaf, then put the rows in schedule order (``inverse``)."""
     first = parts[0]
-    if isinstance(first, Batch):
-        views = tuple(_join([p.views[v] for p in parts], inverse) for v in range(len(first.views)))
-        fields = {k: _join([p.fields[k] for p in parts], inverse) for k in first.fields}
-        labels = None if first.labels is None else _join([p.labels for p in parts], inverse)
-        return Batch(views[0], labels, _join([p.indices for p in parts], inverse),
-                     keys=_join([p.keys for p in parts], inverse), views=views, fields=fields)
+    if isinstance(first, Batch):  # field by field (views, labels, indices, keys, fields, crop boxes, ...)
+        joined = {f.name: _join([getattr(p, f.name) for p in parts], inverse) for f in dataclasses.fields(Batch)}
+        views = joined.pop("views")
+        return Batch(views[0], views=views, **joined)
     if isinstance(first, Padded):
         raise MixError("Padded leaves cannot be joined across sources (their widths differ): use var='list'")
     if isinstance(first, dict):

@@ -25,6 +25,15 @@ shape). Every converted image needs an entry with every field
 (:class:`SidecarError` names the first that has none); entries naming no image
 of the source are ignored. A field may not be called ``image``, ``label``,
 ``path`` or ``orig_size``.
+
+Geometry (``geometry={"boxes": "xyxy"}``, ``tbl convert --geometry boxes=xyxy``): the field's
+values are boxes ``[[x1, y1, x2, y2], ...]`` in the pixels of the upright source image (as a viewer
+shows it, EXIF orientation applied; its size is what ``orig_size`` holds). They are stored in stored
+pixels, float32, mapped by the conversion's own geometry (the region of the source that becomes the
+stored image: the central square for ``center_crop``, the whole image for ``squash`` and
+``--max-size``) with the rule of :func:`tbl_loader.image.geometry.map_boxes` (clipped; a box outside the
+stored region keeps its place with zero area). Without ``geometry`` a sidecar's numbers are stored as
+they are.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ import numpy as np
 
 import tbl_format
 
-from ..errors import SidecarError
+from ..errors import GeometryFieldError, SidecarError
+from ..image.geometry import check_geometry, map_boxes
 
 __all__ = ["ExtraColumns", "load_sidecar"]
 
@@ -139,7 +149,9 @@ class ExtraColumns:
 
     def __init__(self, names: Sequence[str], locators: Sequence[Any], *, keep_path: bool = False,
                  sidecar: str | os.PathLike[str] | None = None, tar_path: str | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, geometry: dict[str, str] | None = None,
+                 placement: Any = None) -> None:
+        # placement(height, width) -> (source region (top, left, h, w), stored (H, W)): the recipe's geometry
         self.names = list(names)
         self.locators = list(locators)
         self.keep_path = bool(keep_path)
@@ -166,6 +178,18 @@ class ExtraColumns:
                 leaf, convert = _leaf(f, [self._entries[n][f] for n in self.names])
                 self.leaves[f] = leaf
                 self._fields.append((f, convert))
+        self.geometry = check_geometry(geometry)
+        self.placement = placement
+        for f in self.geometry:
+            leaf = self.leaves.get(f)
+            if f in RESERVED or leaf is None:
+                raise GeometryFieldError(f"geometry field {f!r} is not a sidecar field")
+            boxes = leaf.kind == "var_array" and leaf.ndim == 2 or leaf.kind == "array" and len(leaf.shape) == 2
+            if not boxes or (leaf.kind == "array" and leaf.shape[1] != 4):
+                raise GeometryFieldError(f"geometry field {f!r} must hold lists of [x1, y1, x2, y2] boxes")
+            # mapped boxes are fractional: float32 whatever the sidecar's numbers were
+            self.leaves[f] = (tbl_format.Leaf("var_array", dtype="float32", ndim=2) if leaf.kind == "var_array"
+                              else tbl_format.Leaf("array", dtype="float32", shape=leaf.shape))
         self._tar: Any = None
 
     def __bool__(self) -> bool:
@@ -175,12 +199,24 @@ class ExtraColumns:
         """Image ``i``'s extra values (``i`` indexes ``names``)."""
         out: dict[str, Any] = {}
         name = self.names[i]
+        size = self._original_size(self.locators[i]) if self.keep_path or self.geometry else None
         if self.keep_path:
             out["path"] = name
-            out["orig_size"] = np.array(self._original_size(self.locators[i]), np.int64)
+            out["orig_size"] = np.array(size, np.int64)
         entry = self._entries.get(name, {})
         for f, convert in self._fields:
             out[f] = convert(entry[f])
+        if self.geometry:
+            region, stored_hw = self.placement(*size)
+            for f in self.geometry:
+                boxes = np.asarray(entry[f], dtype=np.float64)
+                if boxes.size and (boxes.ndim != 2 or boxes.shape[1] != 4):
+                    raise GeometryFieldError(f"image {name!r}: field {f!r} holds {boxes.shape}, not [x1, y1, x2, y2] "
+                                             "boxes")
+                boxes = boxes.reshape(-1, 4)
+                mapped = map_boxes(boxes, np.zeros(boxes.shape[0], np.int64), region[None, :],
+                                   np.zeros(1, np.bool_), stored_hw)
+                out[f] = mapped.astype(np.float32).reshape(out[f].shape)
         return out
 
     def _original_size(self, locator: Any) -> tuple[int, int]:

@@ -274,6 +274,15 @@ class FixedRecipe:
     def describe(self) -> dict[str, Any]:
         return {"size": self.size, "mode": self.mode, "resample": self.resample, "draft": self.draft}
 
+    def stored_geometry(self, height: int, width: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """The region ``(top, left, height, width)`` (float64) of an upright ``height x width`` source that
+        becomes the stored image, and the stored ``(H, W)``: `tbl_loader.conversion.decode`'s step 6."""
+        if self.mode == "squash":
+            return np.array([0.0, 0.0, height, width]), (self.size, self.size)
+        side = min(height, width)  # center_crop: the central square, offsets kept fractional
+        return np.array([(height - side) / 2, (width - side) / 2, side, side], dtype=np.float64), (self.size,
+                                                                                                  self.size)
+
 
 Recipe = FixedRecipe | VariableRecipe
 
@@ -733,6 +742,7 @@ def convert(
     keep_path: bool = False,
     sidecar: str | os.PathLike[str] | None = None,
     allow_empty_classes: bool = False,
+    geometry: dict[str, str] | None = None,
 ) -> ConvertReport:
     """Convert ``src`` (TAR, folder tree or list of (path, label)) to a .tbl dataset at ``dst``.
 
@@ -754,7 +764,9 @@ def convert(
     ``sidecar`` (per-image fields from a JSON / CSV file keyed by path): see
     `tbl_loader.conversion.extra_columns`. ``allow_empty_classes``: keep a class folder
     without images as a class with its label index (otherwise `EmptyClassError`
-    names it and nothing is written).
+    names it and nothing is written). ``geometry`` (``{sidecar field: "xyxy"}``): sidecar boxes in the
+    upright source image's pixels, stored mapped through the conversion's resize and crop into stored
+    pixels (`tbl_loader.conversion.extra_columns`).
     """
     t0 = time.perf_counter()
     if (size is None) == (max_size is None):
@@ -816,7 +828,7 @@ def convert(
         labels = listing.labels[start:stop]
         locators = listing.locators[start:stop]
         extra = ExtraColumns(names, locators, keep_path=keep_path, sidecar=sidecar, tar_path=listing.tar_path,
-                             max_bytes=max_image_bytes)
+                             max_bytes=max_image_bytes, geometry=geometry, placement=recipe.stored_geometry)
         workers = max(1, min(workers, len(locators)))
         t_scan = time.perf_counter()
         rep = ConvertReport(

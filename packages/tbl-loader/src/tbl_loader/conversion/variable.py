@@ -173,6 +173,12 @@ class VariableRecipe:
         image: Any = np.frombuffer(payload, np.uint8).reshape(h, w, 3) if self.store == "raw" else payload
         return {"image": image, "height": h, "width": w, "label": label}
 
+    def stored_geometry(self, height: int, width: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """The region ``(top, left, height, width)`` (float64) of an upright ``height x width`` source that
+        becomes the stored image (all of it), and the stored ``(H, W)`` (the longer side capped)."""
+        tw, th = capped_size(width, height, self.max_size)
+        return np.array([0.0, 0.0, height, width]), (th, tw)
+
     def describe(self) -> dict[str, Any]:
         """The ``preprocess`` metadata keys of this recipe (the converter adds the versions)."""
         out: dict[str, Any] = {"max_size": self.max_size, "store": self.store, "resample": self.resample,

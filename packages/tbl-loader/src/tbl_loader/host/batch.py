@@ -1,71 +1,146 @@
-"""The image batch: a tuple ``(images, labels, indices)`` with more on its attributes.
+"""The image batch: a dataclass that unpacks as ``(images, labels, indices)`` and carries the rest by name.
 
-``images, labels, indices = batch`` keeps working exactly as when ``Batch`` was
-a 3-field named tuple; what a loader serves beside that lives on attributes
-that unpacking does not see:
+``images, labels, indices = batch`` (and ``batch[0]`` .. ``batch[2]``, ``len(batch) == 3``) keep
+working exactly as when ``Batch`` was a tuple; what a loader serves beside
+that lives on named fields:
 
-- ``keys``: uint64 numpy array, one per sample: the per-sample keys for user
-  randomness (:mod:`tbl_loader.stream.keys`); always on the host;
 - ``views``: the images of every crop view (a tuple; ``views[0] is images``);
   more than one with several random-resized-crop specs (multi-crop);
-- ``fields``: dict of extra sample leaves by path (empty unless asked for).
+- ``labels``: the labels, or None without a label leaf;
+- ``indices``: the dataset row of every sample (int64, on the host as the loader hands it out);
+- ``keys``: uint64 numpy array, one per sample: the per-sample keys for user
+  randomness (:mod:`tbl_loader.stream.keys`); always on the host, never moved;
+- ``fields``: dict of extra sample leaves by path (empty unless asked for);
+- ``sources``: int64, the source of every sample in a :class:`~tbl_loader.Mix` batch, else None;
+- ``crop_boxes``: float64 ``(N, 4)`` ``(top, left, height, width)`` of every sample's first view, in stored
+  pixels (the region of the stored image that became the served image), and ``flips``: bool ``(N,)``, whether
+  it was flipped horizontally after the crop-resize (:mod:`tbl_loader.image.geometry`); None where a batch
+  was made without them.
+
+Why a dataclass and not a tuple: the generic rebuilders of a batch rebuild a
+tuple subclass from its items alone (``type(x)(*items)`` in Lightning's
+``apply_to_collection``, ``type(x)(items)`` in torch's ``pin_memory``), which
+loses every field beside the three unpacked ones. A dataclass is rebuilt field
+by field (Lightning copies it and sets each field), and ``.to()`` /
+``.pin_memory()`` (below) are what Lightning's ``move_data_to_device`` and torch's
+``DataLoader(pin_memory=True)`` call on an object that has them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Batch", "host_indices"]
+__all__ = ["Batch", "host_indices", "map_tensors"]
 
 
-class Batch(tuple):
-    """``(images, labels, indices)`` plus ``keys``, ``views`` and ``fields`` (see the module docstring)."""
+@dataclass(init=False, eq=False, repr=False)
+class Batch:
+    """``images, labels, indices = batch`` plus the named fields of the module docstring."""
 
-    def __new__(cls, images: Any, labels: Any, indices: Any, *, keys: Any = None, views: tuple[Any, ...] | None = None,
-                fields: dict[str, Any] | None = None) -> Batch:
-        self = super().__new__(cls, (images, labels, indices))
+    views: tuple[Any, ...]
+    labels: Any
+    indices: Any
+    keys: Any = None
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sources: Any = None
+    crop_boxes: Any = None
+    flips: Any = None
+
+    def __init__(self, images: Any, labels: Any, indices: Any, *, keys: Any = None,
+                 views: tuple[Any, ...] | None = None, fields: dict[str, Any] | None = None, sources: Any = None,
+                 crop_boxes: Any = None, flips: Any = None) -> None:
+        views = (images,) if views is None else tuple(views)
+        if not views or views[0] is not images:
+            raise ValueError("views[0] must be the batch's images (the first view)")
+        self.views = views
+        self.labels = labels
+        self.indices = indices
         self.keys = keys
-        self.views = (images,) if views is None else tuple(views)
         self.fields = {} if fields is None else dict(fields)
-        return self
+        self.sources = sources
+        self.crop_boxes = crop_boxes
+        self.flips = flips
 
-    images = property(lambda self: self[0], doc="Images of the first (or only) view.")
-    labels = property(lambda self: self[1], doc="Labels, or None without a label leaf.")
-    indices = property(lambda self: self[2], doc="Dataset row of every sample (int64, host).")
+    @property
+    def images(self) -> Any:
+        """Images of the first (or only) view."""
+        return self.views[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.views[0], self.labels, self.indices))
+
+    def __getitem__(self, k: int | slice) -> Any:
+        return (self.views[0], self.labels, self.indices)[k]
+
+    def __len__(self) -> int:
+        return 3  # the unpacked triple, as the former tuple
 
     def _replace(self, **changes: Any) -> Batch:
-        """A copy with some of ``images``, ``labels``, ``indices``, ``keys``, ``views``, ``fields`` replaced.
-
-        Replacing ``images`` alone replaces the first view too."""
-        values = {"images": self[0], "labels": self[1], "indices": self[2], "keys": self.keys,
-                  "views": self.views, "fields": self.fields}
-        unknown = set(changes) - set(values)
+        """A copy with some fields replaced (``images`` too: replacing it alone replaces the first view)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        unknown = set(changes) - set(values) - {"images"}
         if unknown:
             raise TypeError(f"Batch has no fields {sorted(unknown)}")
         if "images" in changes and "views" not in changes:
             changes["views"] = (changes["images"], *self.views[1:])
-        if "views" in changes and "images" not in changes:
-            changes["images"] = tuple(changes["views"])[0]
+        views = tuple(changes.pop("views", self.views))
+        changes.pop("images", None)
         values.update(changes)
-        return Batch(values["images"], values["labels"], values["indices"], keys=values["keys"],
-                     views=values["views"], fields=values["fields"])
+        del values["views"]
+        return Batch(views[0], views=views, **values)
 
-    def __reduce__(self) -> Any:
-        return (_rebuild, (tuple(self), self.keys, self.views, self.fields))
+    def map_tensors(self, function: Callable[[Any], Any]) -> Batch:
+        """A copy with ``function`` applied to every torch tensor it carries (``keys`` stay as they are)."""
+        views = map_tensors(function, self.views)
+        return Batch(views[0], map_tensors(function, self.labels), map_tensors(function, self.indices),
+                     keys=self.keys, views=views, fields=map_tensors(function, self.fields),
+                     sources=map_tensors(function, self.sources), crop_boxes=map_tensors(function, self.crop_boxes),
+                     flips=map_tensors(function, self.flips))
+
+    def to(self, *args: Any, **kwargs: Any) -> Batch:
+        """Every tensor moved with ``tensor.to(*args, **kwargs)`` (e.g. ``batch.to("cuda", non_blocking=True)``);
+        numpy values (``keys``, numpy-backend batches) stay where they are."""
+        return self.map_tensors(lambda t: t.to(*args, **kwargs))
+
+    def pin_memory(self, *args: Any) -> Batch:
+        """Every tensor in pinned memory (what torch's ``DataLoader(pin_memory=True)`` calls)."""
+        return self.map_tensors(lambda t: t.pin_memory(*args))
 
     def __repr__(self) -> str:
         extra = f", {len(self.views)} views" if len(self.views) > 1 else ""
         fields = f", fields={sorted(self.fields)}" if self.fields else ""
-        return f"Batch(images={_shape(self[0])}, labels={_shape(self[1])}, indices={_shape(self[2])}{extra}{fields})"
+        return (f"Batch(images={_shape(self.views[0])}, labels={_shape(self.labels)}, "
+                f"indices={_shape(self.indices)}{extra}{fields})")
+
+
+def map_tensors(function: Callable[[Any], Any], value: Any) -> Any:
+    """``value`` with ``function`` applied to each torch tensor in it, through Batch, dicts, lists, tuples and
+    named tuples (Padded, Masked); everything else is returned as it is."""
+    if type(value).__module__.startswith("torch") and _is_tensor(value):
+        return function(value)
+    if isinstance(value, Batch):
+        return value.map_tensors(function)
+    if isinstance(value, dict):
+        return {k: map_tensors(function, v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(map_tensors(function, v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(function, v) for v in value)
+    return value
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch  # a value from a torch module: torch is imported already
+
+    return isinstance(value, torch.Tensor)
 
 
 def _shape(value: Any) -> str:
     shape = getattr(value, "shape", None)
     return "None" if value is None else (str(tuple(shape)) if shape is not None else type(value).__name__)
-
-
-def _rebuild(items: tuple[Any, Any, Any], keys: Any, views: Any, fields: Any) -> Batch:
-    return Batch(*items, keys=keys, views=views, fields=fields)
 
 
 def host_indices(sample_ids: Any, backend: str) -> Any:

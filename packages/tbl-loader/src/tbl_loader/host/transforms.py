@@ -6,8 +6,8 @@ CPU tensors or numpy arrays, plus ``batch.keys``), ``prefetch`` batches ahead
 of training. numpy and torch CPU operations release the GIL for their heavy
 parts, so they overlap the training step. Whatever it returns is what the
 loader yields, moved to ``device`` when one is set (tensors only, recursively
-through ``Batch``, tuples, lists and dicts; ``indices`` and ``keys`` stay on
-the host). It may work in place on the batch's arrays (they are the loader's
+through ``Batch``, tuples, lists and dicts; a Batch's ``indices``, ``keys``, ``sources``,
+``crop_boxes`` and ``flips`` stay on the host). It may work in place on the batch's arrays (they are the loader's
 ring buffers, reused only once nothing references them) or return new ones.
 
 ``device_transform(batch) -> batch`` runs on the consumer thread, on the
@@ -76,10 +76,9 @@ def _to_device(obj: Any, device: str, non_blocking: bool) -> Any:
     def move(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return value.to(device, non_blocking=non_blocking)
-        if isinstance(value, Batch):
-            views = tuple(move(v) for v in value.views)
-            return Batch(views[0], move(value.labels), value.indices, keys=value.keys, views=views,
-                         fields={k: move(v) for k, v in value.fields.items()})
+        if isinstance(value, Batch):  # the per-sample metadata (indices, keys, sources, crops) stays on the host
+            return value._replace(views=tuple(move(v) for v in value.views), labels=move(value.labels),
+                                  fields={k: move(v) for k, v in value.fields.items()})
         if isinstance(value, dict):
             return {k: move(v) for k, v in value.items()}
         if isinstance(value, tuple) and hasattr(value, "_fields"):

@@ -26,7 +26,7 @@ import numpy as np
 import tbl_format
 
 from .._kernels import kernels, per_sample_kernels
-from ..errors import UnsupportedCombinationError
+from ..errors import GeometryFieldError, UnsupportedCombinationError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
@@ -41,6 +41,7 @@ from ..stream.order import BatchPlan
 from ..stream.subset import resolve_rows
 from . import gpu_decode, variable_source
 from .fields import FieldReader
+from .geometry import check_geometry_leaves, served_geometry, whole_image_boxes
 from .spec import IMAGENET_MEAN, IMAGENET_STD, ImageColumns, ImageSpec, RandomResizedCrop, view_seed
 
 __all__ = ["Batch", "ImageLoader"]
@@ -94,6 +95,8 @@ class _ImageSource:
         self.center_window = columns.center_window
         self.resize_crop = None if self.center_window is None else per_sample_kernels().resize_crop_images
         self.out_shape = columns.out_shape(spec.layout)
+        self.out_hw = columns.out_hw
+        self.geometry = spec.geometry_fields  # fields whose boxes follow the first view (image.geometry)
         self.dtype = spec.dtype
         self.layout = spec.layout
         self.table = kernels.normalization_table(spec.mean, spec.std, spec.dtype) if spec.normalized else None
@@ -138,13 +141,15 @@ class _ImageSource:
         indices = host_indices(plan.sample_ids, backend)
         views = (outputs["images"], *(outputs[name] for name, _, _, _ in self.extra_views))
         labels = outputs.get("labels")
+        served, columns = payload
         fields = {}
         if self.fields is not None:
-            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
+            fields = self.fields.values(outputs, columns, torch_device if backend == "torch" else False)
             if self.label_field is not None:
                 labels = fields.pop(self.label_field)
+        fields, crop_boxes, flips = served.finish(fields, self.geometry, backend)
         return Batch(views[0], labels, indices, keys=sample_keys(self.seed, plan.epoch, plan.sample_ids),
-                     views=views, fields=fields)
+                     views=views, fields=fields, crop_boxes=crop_boxes, flips=flips)
 
     def begin_pass(self, epoch_order: Any) -> None:
         self.shards.begin_pass(epoch_order, self.image_key, self.batch_size)
@@ -159,7 +164,8 @@ class _ImageSource:
             self._label_sources = (columns, [_label_rows(s) for s in columns])
         return self._label_sources[1]
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:
+        """Fills the slot; the payload: (the first view's ServedGeometry, the fields' variable-size columns)."""
         ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
         n = ids.shape[0]
         self.shards.before_batch(plan.number)
@@ -178,15 +184,19 @@ class _ImageSource:
             )
             kernels.gather_crop_resize(images, rows, boxes, out, self.table, flip, self.layout)
         elif self.center_box is not None:
-            kernels.gather_crop_resize(images, rows, self._center_boxes[:n], out, self.table, flip, self.layout)
+            boxes = self._center_boxes[:n]
+            kernels.gather_crop_resize(images, rows, boxes, out, self.table, flip, self.layout)
         elif self.center_window is not None:
-            windows = np.broadcast_to(self.center_window, (n, 4))
-            self.resize_crop(_row_views(images, rows), np.ascontiguousarray(windows), out, self.table,
+            boxes = np.broadcast_to(self.center_window, (n, 4))
+            self.resize_crop(_row_views(images, rows), np.ascontiguousarray(boxes), out, self.table,
                              None if flip is None else flip.view(np.uint8), self.layout)
-        elif self.table is None:
-            kernels.gather_u8(images, rows, out, flip, self.layout)
         else:
-            kernels.gather_normalize(images, rows, out, self.table, flip, self.layout)
+            boxes = whole_image_boxes(1, self.height, self.width)
+            if self.table is None:
+                kernels.gather_u8(images, rows, out, flip, self.layout)
+            else:
+                kernels.gather_normalize(images, rows, out, self.table, flip, self.layout)
+        served = served_geometry(boxes, flip, n, self.out_hw)
         for name, crop, seed, _ in self.extra_views:
             boxes = order.random_resized_crop_boxes(seed, plan.epoch, ids, self.height, self.width, crop.scale,
                                                     crop.ratio)
@@ -194,7 +204,7 @@ class _ImageSource:
             kernels.gather_crop_resize(images, rows, boxes, buffers[name][:n], self.table, flip, self.layout)
         if labels is not None:
             kernels.gather_rows(labels, rows, buffers["labels"][:n])
-        return None if self.fields is None else self.fields.fill(buffers, ids)
+        return served, None if self.fields is None else self.fields.fill(buffers, ids)
 
 
 class ImageLoader(HostLoader):
@@ -225,7 +235,9 @@ class ImageLoader(HostLoader):
     holds one image batch per spec, ``batch.images`` the first (on fixed- and variable-size images).
     ``fields`` (leaf paths) serves other leaves of the sample in ``batch.fields`` by the
     pytree loader's rules (``var``: ``"list"`` or ``"pad"``), see :mod:`tbl_loader.image.fields`;
-    a label leaf may be an int, a float, a fixed-shape array or optional.
+    a label leaf may be an int, a float, a fixed-shape array or optional. ``geometry``
+    (``{field path: "xyxy"}``) declares fields of boxes that follow the first view's crop, resize and
+    flip; every batch carries ``batch.crop_boxes`` and ``batch.flips`` (:mod:`tbl_loader.image.geometry`).
     ``shuffle``: True (one global permutation per epoch), False, or ``"block"``
     (shards, then samples within blocks of ``block_window`` shards; see
     :func:`tbl_loader.stream.order.block_permutation`). ``path`` may be a URL
@@ -282,10 +294,11 @@ class ImageLoader(HostLoader):
         block_window: int = order.DEFAULT_BLOCK_WINDOW,
         jpeg_dct: str = "accurate",
         decode_device: Any = None,
+        geometry: dict[str, str] | None = None,
     ) -> None:
         spec = ImageSpec(mean=mean, std=std, hflip=hflip, random_resized_crop=random_resized_crop,
                          center_crop=center_crop, dtype=dtype, layout=layout, image_key=image_key,
-                         label_key=label_key, resize=resize)
+                         label_key=label_key, resize=resize, geometry=geometry or {})
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding, block_window=block_window)
         if num_threads is not None:
@@ -388,6 +401,9 @@ def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers
     field_paths = _field_paths(fields, spec, columns)
     if field_paths and heaps is None:
         heaps = _heap_dataset(shards, verify, closers)
+    check_geometry_leaves(spec.geometry_fields, field_paths, heaps)
+    if spec.geometry and gpu is not None:
+        raise GeometryFieldError("geometry fields are not served with decode_device (nvJPEG decode) yet")
     reader = FieldReader(heaps, field_paths, var) if field_paths else None
     if variable:
         lazy = heaps.verify_rows if verify == "lazy" else None

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import UnsupportedCombinationError
 from ..host.output import OUTPUT_DTYPES
 from ..stream import order
+from .geometry import check_geometry
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -175,6 +176,8 @@ class ImageSpec:
     specs, one per view; the first stays ``random_resized_crop``, the others become
     ``extra_crops``. View ``v`` draws its crop and flip with the seed
     ``view_seed(seed, v)`` (view 0 with ``seed`` itself, so a single view is unchanged).
+    ``geometry``: ``{field path: "xyxy"}``, served fields holding boxes that follow the first view's crop,
+    resize and flip (:mod:`tbl_loader.image.geometry`).
     """
 
     mean: tuple[float, ...] = IMAGENET_MEAN
@@ -188,8 +191,11 @@ class ImageSpec:
     label_key: str = "label"
     resize: int | None = None
     extra_crops: tuple[RandomResizedCrop, ...] = ()
+    geometry: Any = ()
 
     def __post_init__(self) -> None:
+        # {field path: kind} (tbl_loader.image.geometry), kept as sorted pairs so that the spec stays hashable
+        object.__setattr__(self, "geometry", tuple(sorted(check_geometry(dict(self.geometry or {})).items())))
         crops = self.random_resized_crop
         if isinstance(crops, (list, tuple)):  # multi-crop: the first spec is view 0, the others extra views
             if not crops:
@@ -231,6 +237,11 @@ class ImageSpec:
         object.__setattr__(self, "center_crop", center)
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+
+    @property
+    def geometry_fields(self) -> dict[str, str]:
+        """``{field path: geometry kind}`` of the declared geometry fields."""
+        return dict(self.geometry)
 
     @property
     def normalized(self) -> bool:

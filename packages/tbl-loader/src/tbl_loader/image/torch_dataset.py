@@ -24,7 +24,8 @@ torch's DataLoader::
                num_workers=2, multiprocessing_context="spawn")
 
 ``collate_identity`` yields the dataset's ``Batch`` (one kernel call per batch);
-torch's default collate also works (it stacks ``ds[i]`` pairs row by row).
+torch's default collate also works (it stacks ``ds[i]`` samples row by row: ``(image, label)``, followed by
+``{path: value}`` of the fields when the dataset serves ``fields``).
 
 Processes: pickling keeps the path, the options and the dataset's fingerprint;
 the copy opens the dataset on first use and raises
@@ -147,6 +148,13 @@ def _signature(shards: Any, bound: Any, spec: ImageSpec, fields: tuple[str, ...]
     shapes += [list(shape) for _, _, _, shape in bound.source.extra_views]
     return {"views": shapes, "dtype": spec.dtype, "backend": backend, "label": label,
             "fields": {p: str(leaves[p]) for p in fields}, "var": var if fields else None}
+
+
+def _row(value: Any) -> Any:
+    """The one row of a one-sample batch value: an array's row, a list's item, a Padded / Masked pair's rows."""
+    if isinstance(value, tuple):  # Padded or Masked: a named tuple of per-row values
+        return type(value)(*(_row(part) for part in value))
+    return value[0]
 
 
 class ImageDataset:
@@ -312,10 +320,15 @@ class ImageDataset:
         return self.collate_row([i], 0)
 
     def collate_row(self, positions: Any, k: int) -> Any:
-        """Sample ``positions[k]`` as ``(image, label)`` (the image alone without a label leaf), with the
-        draws of ``positions.epoch`` (an :class:`EpochBatch`) or ``self.epoch``."""
+        """Sample ``positions[k]`` as ``(image, label)`` (the image alone without a label leaf), followed by
+        ``{path: value}`` of its ``fields`` when the dataset serves fields, with the draws of
+        ``positions.epoch`` (an :class:`EpochBatch`) or ``self.epoch``. torch's default collate stacks these
+        into ``[images, labels, {path: values}]``."""
         batch = self.get_batch([positions[k]], epoch=getattr(positions, "epoch", self.epoch))
-        return batch.images[0] if batch.labels is None else (batch.images[0], batch.labels[0])
+        parts = [batch.images[0]] + ([] if batch.labels is None else [batch.labels[0]])
+        if self.fields:
+            parts.append({path: _row(value) for path, value in batch.fields.items()})
+        return parts[0] if len(parts) == 1 else tuple(parts)
 
     def __repr__(self) -> str:
         return f"ImageDataset({str(self.path)!r}, rows={self._len})"

@@ -45,6 +45,7 @@ from ..stream import order
 from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from .fields import FieldReader
+from .geometry import served_geometry
 from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows, view_seed
 
@@ -252,12 +253,15 @@ class VariableImageSource:
               torch_device: Any = False) -> Batch:
         """The Batch of one plan: images, labels, dataset rows, per-sample keys and the extra fields
         (``payload``: their variable-size columns, from fill)."""
+        served, columns = payload
         fields = {}
         if self.fields is not None:
-            fields = self.fields.values(outputs, payload, torch_device if backend == "torch" else False)
+            fields = self.fields.values(outputs, columns, torch_device if backend == "torch" else False)
+        fields, crop_boxes, flips = served.finish(fields, self.spec.geometry_fields, backend)
         views = (outputs["images"], *(outputs[name] for name, _, _, _ in self.extra_views))
         return Batch(views[0], outputs.get("labels"), host_indices(plan.sample_ids, backend),
-                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), views=views, fields=fields)
+                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), views=views, fields=fields,
+                     crop_boxes=crop_boxes, flips=flips)
 
     def _read_rows(self, plan: BatchPlan) -> tuple[np.ndarray, Any, list[Any]]:
         """A batch's boxes, flips (or None) and stored image values, its rows checked first under verify="lazy"."""
@@ -269,14 +273,16 @@ class VariableImageSource:
         flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
         return boxes, flip, self.dataset.values(self.image_key, rows)
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:
+        """Fills the slot; the payload: (the batch's ServedGeometry, the fields' variable-size columns)."""
         ids = plan.sample_ids
         n = ids.shape[0]
         boxes, flip, values = self._read_rows(plan)
         # JPEG rows decoded at one DCT scale are decoded once for every view that asks for that scale
         decoded: dict[tuple[int, int], np.ndarray] = {}
         kernel = self.kernels.resize_crop_images if self.windows else self.kernels.crop_resize_images
-        self._crop_view(kernel, values, ids, boxes, flip, self.out_hw, buffers["images"][:n], decoded)
+        # Geometry fields follow the first view (its crop box and flip travel with the batch).
+        served = self._crop_view(kernel, values, ids, boxes, flip, self.out_hw, buffers["images"][:n], decoded)
         for name, crop, seed, _ in self.extra_views:
             h, w = self.columns.heights[ids], self.columns.widths[ids]
             view_boxes = order.random_resized_crop_boxes(seed, plan.epoch, ids, h, w, crop.scale, crop.ratio)
@@ -285,16 +291,24 @@ class VariableImageSource:
                             buffers[name][:n], decoded)
         if self.labels is not None:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
-        return None if self.fields is None else self.fields.fill(buffers, ids)
+        return served, None if self.fields is None else self.fields.fill(buffers, ids)
 
     def _crop_view(self, kernel: Any, values: list[Any], ids: np.ndarray, boxes: np.ndarray, flip: Any,
-                   out_hw: tuple[int, int], out: np.ndarray, decoded: dict[tuple[int, int], np.ndarray]) -> None:
-        """One view of the batch: its boxes on the stored (raw) or decoded (JPEG) images, into ``out``."""
+                   out_hw: tuple[int, int], out: np.ndarray, decoded: dict[tuple[int, int], np.ndarray]) -> Any:
+        """One view of the batch: its boxes on the stored (raw) or decoded (JPEG) images, into ``out``; returns
+        the view's ServedGeometry (the region of stored pixels each sample came from, and its flip)."""
         if self.columns.store == "raw":
             images = self._raw_views(values, ids)
+            region = boxes
         else:
             images, boxes = self._decode(values, ids, boxes, out_hw, decoded)
+            # The region the decoded pixels came from, in stored pixels (a DCT-scaled decode rounds a box outward
+            # to whole decoded pixels).
+            decoded_hw = np.array([im.shape[:2] for im in images], dtype=np.float64).reshape(-1, 2)
+            full = np.stack([self.columns.heights[ids], self.columns.widths[ids]], axis=1).astype(np.float64)
+            region = boxes * np.tile(full / decoded_hw, (1, 2))
         kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
+        return served_geometry(region, flip, ids.shape[0], out_hw)
 
     def _raw_views(self, views: list[Any], ids: np.ndarray) -> list[np.ndarray]:
         h, w = self.columns.heights[ids], self.columns.widths[ids]

@@ -37,12 +37,13 @@ files, replace them.
 
 from __future__ import annotations
 
-from .batch import VAR_MODES, Masked, Padded
+from .batch import VAR_MODES, IndexedBatch, Masked, Padded
 from .dataset import CollatedBatch, PyTreeDataset, collate_identity, collate_tensors
 from .loader import PyTreeLoader
 
 __all__ = [
     "CollatedBatch",
+    "IndexedBatch",
     "Masked",
     "Padded",
     "PyTreeDataset",

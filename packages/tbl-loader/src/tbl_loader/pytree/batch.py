@@ -48,8 +48,8 @@ from tbl_format import DEFAULT_MAX_OPEN, KINDS, Kind, Leaf, Schema
 
 from .._kernels import kernels
 
-__all__ = ["VAR_MODES", "Collator", "FixedLeaf", "Masked", "Padded", "RowSource", "VarLeaf", "field_paths",
-           "torch_column"]
+__all__ = ["VAR_MODES", "Collator", "FixedLeaf", "IndexedBatch", "Masked", "Padded", "RowSource", "VarLeaf",
+           "field_paths", "torch_column"]
 
 VAR_MODES = ("list", "pad")
 
@@ -81,6 +81,19 @@ class Padded(NamedTuple):
 
     data: Any
     lengths: Any
+
+
+class IndexedBatch(NamedTuple):
+    """What ``PyTreeLoader(return_indices=True)`` yields: the collated pytree and the dataset row of every sample.
+
+    A pytree batch is the user's own structure (dicts, lists, tuples), so its rows travel beside it rather than
+    on it; ``batch, indices = item`` unpacks it as the former pair, ``item.indices`` names them as on an image
+    :class:`~tbl_loader.Batch`. A named tuple, so that torch's collate and pin_memory and Lightning's
+    ``apply_to_collection`` rebuild it as they rebuild any named tuple.
+    """
+
+    batch: Any
+    indices: Any
 
 
 class Masked(NamedTuple):

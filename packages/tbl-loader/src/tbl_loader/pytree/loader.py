@@ -30,7 +30,7 @@ from ..stream.cursor import StreamCursor, StreamOptions
 from ..stream.order import BatchPlan
 from ..stream.state import pytree_fingerprint_v0_1
 from ..stream.subset import resolve_rows
-from .batch import Collator, RowSource, field_paths, torch_column
+from .batch import Collator, IndexedBatch, RowSource, field_paths, torch_column
 
 __all__ = ["PyTreeLoader"]
 
@@ -73,7 +73,8 @@ class PyTreeLoader(HostLoader):
     ``backend="numpy"``) living in the loader's buffer ring, variable-size leaves
     as lists (``var="list"``: ``str``, ``bytes``, or one tensor / array per row) or
     :class:`~tbl_loader.pytree.batch.Padded` pairs (``var="pad"``). With
-    ``return_indices=True`` each item is ``(batch, indices)``, indices int64.
+    ``return_indices=True`` each item is an :class:`~tbl_loader.pytree.IndexedBatch` ``(batch, indices)``,
+    indices int64 (``item.indices``).
 
     ``shuffle``, ``seed``, ``drop_last``, ``rank`` / ``world_size``, ``padding``,
     ``set_epoch``, ``state_dict`` / ``load_state_dict``, ``prefetch`` (batches
@@ -169,7 +170,7 @@ class PyTreeLoader(HostLoader):
         batch = collator.build(values)
         if not self.return_indices:
             return batch
-        return batch, self._indices(plan)
+        return IndexedBatch(batch, self._indices(plan))
 
     def _convert(self, col: Any) -> Any:
         """Variable-size values as torch objects: arrays become tensors (moved to ``device``), the rest stays."""
