@@ -7,7 +7,7 @@ import pytest
 from conftest import write_dataset
 
 import tbl_format
-from tbl_loader import ImageLoader, PyTreeDataset, PyTreeLoader
+from tbl_loader import ImageDataset, ImageLoader, PyTreeDataset, PyTreeLoader
 from tbl_loader.source import VERIFY_MODES
 
 ROWS = 300
@@ -74,6 +74,23 @@ def test_pytree_loader_lazy_verify(tmp_path):
         with pytest.raises(tbl_format.DataChecksumError):
             for _ in loader:
                 pass
+
+
+def test_image_dataset_takes_the_same_verify_modes(corrupt_images):
+    with pytest.raises(tbl_format.DataChecksumError):
+        ImageDataset(corrupt_images, verify="open", backend="numpy")
+    lazy = ImageDataset(corrupt_images, verify="lazy", backend="numpy")
+    plain = ImageDataset(corrupt_images, backend="numpy")
+    assert np.array_equal(lazy.get_batch([0, 1]).images, plain.get_batch([0, 1]).images)  # a clean block
+    with pytest.raises(tbl_format.DataChecksumError):
+        lazy.get_batch([BAD_ROW])
+    with ImageLoader(corrupt_images, 16, verify="lazy", backend="numpy", prefetch=0) as loader:
+        twin = ImageDataset.from_loader(loader)
+        assert twin.verify == "lazy"
+        with pytest.raises(tbl_format.DataChecksumError):
+            twin.get_batch([BAD_ROW])
+    for ds in (lazy, plain, twin):
+        ds.close()
 
 
 def test_pytree_dataset_takes_the_same_verify_modes(tmp_path):

@@ -61,6 +61,7 @@ from ..host.output import OutputSpec
 from ..pytree.dataset import CollatedBatch, as_indices
 from ..source.local import LocalShards
 from ..source.storage import is_url
+from ..source.verify import verify_mode
 from ..stream.order import BatchPlan, EpochOrder
 from ..stream.subset import resolve_rows
 from .loader import Batch, bind_source
@@ -165,7 +166,7 @@ class ImageDataset:
     ``random_resized_crop``, ``center_crop``, ``dtype``, ``layout``, ``image_key``,
     ``label_key``), or ``spec``: an :class:`~tbl_loader.image.ImageSpec` holding them. ``fields``,
     ``var``, ``seed``,
-    ``rows``, ``subsample``, ``backend``, ``jpeg_dct`` as in ImageLoader; ``epoch``: the epoch whose
+    ``rows``, ``subsample``, ``backend``, ``jpeg_dct``, ``verify`` as in ImageLoader; ``epoch``: the epoch whose
     draws plain position lists get. ``path`` may be a URL: ``cache_dir``, ``cache_limit``
     and ``storage_options`` as in ImageLoader (see the module docstring).
     """
@@ -174,9 +175,10 @@ class ImageDataset:
                  subsample: float | None = None, backend: str | None = None, epoch: int = 0,
                  spec: ImageSpec | None = None, fields: Any = (), var: str = "list", cache_dir: Any = None,
                  cache_limit: Any = None, storage_options: dict[str, Any] | None = None,
-                 jpeg_dct: str = "accurate", **image_options: Any) -> None:
+                 jpeg_dct: str = "accurate", verify: str | bool = "never", **image_options: Any) -> None:
         if spec is not None and image_options:
             raise TypeError(f"pass spec= or image options, not both (got {sorted(image_options)})")
+        self.verify = verify_mode(verify)
         self.path = path
         self.remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options}
         self.spec = spec if spec is not None else ImageSpec(**image_options)
@@ -208,7 +210,7 @@ class ImageDataset:
         where = loader.remote_options if is_url(loader.path) else {}
         path = loader.path if isinstance(loader.path, (str, os.PathLike)) else loader.dataset.path
         ds = cls(path, seed=loader.seed, backend=loader.output.backend, epoch=loader.epoch, spec=loader.spec,
-                 fields=loader.fields, var=loader.var, jpeg_dct=loader.jpeg_dct, **where)
+                 fields=loader.fields, var=loader.var, jpeg_dct=loader.jpeg_dct, verify=loader.verify, **where)
         ds.rows = loader.cursor.rows
         ds._len = loader.num_samples
         return ds
@@ -230,7 +232,7 @@ class ImageDataset:
                     raise tbl_format.DatasetChangedError(
                         f"{self.path}: the dataset changed since this ImageDataset was created")
                 # The loader's own binding: fixed-size, or variable-size raw / JPEG images, and the fields
-                bound = bind_source(shards, self.spec, seed=self.seed, verify="never", closers=closers,
+                bound = bind_source(shards, self.spec, seed=self.seed, verify=self.verify, closers=closers,
                                     fields=self.fields, var=self.var, jpeg_dct=self.jpeg_dct)
             except BaseException:
                 for close in closers:
@@ -244,10 +246,10 @@ class ImageDataset:
     def _open(self) -> Any:
         """The shard source: LocalShards over the file, or a RemoteDataset over the shard cache for a URL."""
         if not is_url(self.path):
-            return LocalShards(tbl_format.open(self.path))
+            return LocalShards(tbl_format.open(self.path, verify=self.verify == "open"))
         from ..source.remote import RemoteDataset
 
-        return RemoteDataset(self.path, **self.remote_options)
+        return RemoteDataset(self.path, **self.remote_options, verify_data=self.verify == "open")
 
     @property
     def dataset(self) -> Any:
