@@ -76,8 +76,20 @@ def test_pytree_loader_streams_within_a_quarter_cache(s3_server, local_rows, row
     opts = dict(batch_size=32, shuffle=shuffle, seed=4, backend="numpy", var="list", return_indices=True)
     with PyTreeLoader(local_rows, **opts) as a:
         want = [list(a) for _ in range(1)][0]
-    with PyTreeLoader(rows_url, cache_dir=tmp_path, cache_limit=limit, storage_options=s3_server.storage_options,
-                      **opts) as b:
+    import warnings
+
+    from tbl_loader.errors import CacheThrashWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        b = PyTreeLoader(rows_url, cache_dir=tmp_path, cache_limit=limit, storage_options=s3_server.storage_options,
+                         **opts)
+    thrash = [w for w in caught if issubclass(w.category, CacheThrashWarning)]
+    # A global shuffle through a quarter cache is told it downloads shards many times; a block shuffle is not.
+    assert len(thrash) == (1 if shuffle is True else 0)
+    if thrash:
+        assert "shuffle='block'" in str(thrash[0].message)
+    with b:
         got = list(b)
         hook = b._pipeline.source.source.dataset._fetch_shard
         assert hook.cache.size() <= limit

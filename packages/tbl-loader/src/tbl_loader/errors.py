@@ -19,6 +19,7 @@ from tbl_format import DestinationError, DestinationExistsError, NotRegularFileE
 
 __all__ = [
     "CacheFullError",
+    "CacheThrashWarning",
     "DecoderMismatchError",
     "DestinationError",
     "DestinationExistsError",
@@ -122,6 +123,10 @@ class LoaderInWorkersError(LoaderError, RuntimeError):
 
 class ProducerClosedError(LoaderError, RuntimeError):
     """next() on a producer that was closed."""
+
+
+class CacheThrashWarning(ResourceWarning):
+    """A global shuffle over a shard cache smaller than the dataset: shards are downloaded many times an epoch."""
 
 
 class RingGrowthWarning(ResourceWarning):

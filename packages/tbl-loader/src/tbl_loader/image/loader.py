@@ -31,8 +31,9 @@ from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
 from ..host.transforms import TransformStage
+from ..source.fetcher import warn_if_shuffle_thrashes
 from ..source.local import LocalShards
-from ..source.storage import is_url
+from ..source.storage import is_url, redact
 from ..source.verify import verify_mode
 from ..stream import order
 from ..stream.cursor import StreamCursor, StreamOptions
@@ -309,6 +310,8 @@ class ImageLoader(HostLoader):
         verify = verify_mode(verify)
 
         shards, closers = _shard_source(path, verify, cache_dir, cache_limit, storage_options)
+        if is_url(path):
+            warn_if_shuffle_thrashes(shuffle, shards.shard_entries, cache_limit, redact(path))
         try:
             bound = bind_source(shards, spec, seed=options.seed, verify=verify, closers=closers, fields=fields,
                                 var=var, jpeg_dct=jpeg_dct, gpu=gpu, num_threads=num_threads,

@@ -23,8 +23,8 @@ import tbl_format
 
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
-from ..source.fetcher import shards_in_read_order
-from ..source.storage import is_url
+from ..source.fetcher import shards_in_read_order, warn_if_shuffle_thrashes
+from ..source.storage import is_url, redact
 from ..source.verify import verify_mode
 from ..stream.cursor import StreamCursor, StreamOptions
 from ..stream.order import BatchPlan
@@ -131,6 +131,7 @@ class PyTreeLoader(HostLoader):
 
             dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
                                      storage_options=storage_options, verify_data=verify == "open")
+            warn_if_shuffle_thrashes(shuffle, dataset.shard_entries, cache_limit, redact(path))
             source = RowSource(None, dataset=dataset, own_dataset=True, max_open=min(max_open, dataset.max_open))
         else:
             source = RowSource(path, max_open=max_open, verify=verify == "open")

@@ -13,13 +13,34 @@ raises the error then, in the consumer's ``next()``.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Fetcher", "shards_in_read_order"]
+from ..errors import CacheThrashWarning
+from .cache import parse_size
+
+__all__ = ["Fetcher", "shards_in_read_order", "warn_if_shuffle_thrashes"]
+
+
+def warn_if_shuffle_thrashes(shuffle: Any, shard_entries: Sequence[dict[str, Any]], cache_limit: Any,
+                             where: str) -> None:
+    """CacheThrashWarning when a global shuffle reads a dataset at a URL through a cache smaller than it.
+
+    Each batch of a global permutation reads rows from nearly every shard, so a cache that holds a
+    fraction of the dataset evicts shards the next batches need again: an epoch downloads the dataset
+    many times over (20x measured with a quarter cache). A block shuffle reads a few shards at a time
+    and downloads each about once per epoch. Nothing is changed: the warning says what to do."""
+    limit = parse_size(cache_limit)
+    total = sum(int(e.get("size") or 0) for e in shard_entries)
+    if shuffle is True and limit is not None and total > limit:
+        warnings.warn(
+            f"{where}: shuffle=True over a shard cache of {limit} bytes for a {total}-byte dataset downloads "
+            "shards many times per epoch (each batch reads nearly every shard); shuffle='block' downloads each "
+            "about once, or raise cache_limit to the dataset's size", CacheThrashWarning, stacklevel=3)
 
 
 def shards_in_read_order(segment_rows: Sequence[int], rows: Any) -> list[int]:
