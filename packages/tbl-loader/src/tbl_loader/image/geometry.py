@@ -94,10 +94,12 @@ class ServedGeometry(NamedTuple):
 
 
 def served_geometry(boxes: Any, flips: np.ndarray | None, n: int, out_hw: tuple[int, int]) -> ServedGeometry:
-    """A batch's geometry from the crop boxes (or windows) its kernel call used and its flips (None: none)."""
-    crop = np.array(np.broadcast_to(boxes, (n, 4)), dtype=np.float64)
-    flip = np.zeros(n, dtype=np.bool_) if flips is None else np.array(flips, dtype=np.bool_)
-    return ServedGeometry(crop, flip, (int(out_hw[0]), int(out_hw[1])))
+    """A batch's geometry from the crop boxes (or windows; one row for all, or one per sample) its kernel call
+    used and its flips (a fresh bool array, kept; None: none)."""
+    crop = np.empty((n, 4), dtype=np.float64)
+    crop[...] = boxes
+    flip = np.zeros(n, dtype=np.bool_) if flips is None else flips
+    return ServedGeometry(crop, flip, out_hw)
 
 
 def whole_image_boxes(n: int, height: Any, width: Any) -> np.ndarray:

@@ -95,6 +95,7 @@ class _ImageSource:
         self.resize_crop = None if self.center_window is None else per_sample_kernels().resize_crop_images
         self.out_shape = columns.out_shape(spec.layout)
         self.out_hw = columns.out_hw
+        self._whole_image = whole_image_boxes(1, columns.height, columns.width)  # the crop box without a crop
         self.geometry = spec.geometry_fields  # fields whose boxes follow the first view (image.geometry)
         self.dtype = spec.dtype
         self.layout = spec.layout
@@ -190,7 +191,7 @@ class _ImageSource:
             self.resize_crop(_row_views(images, rows), np.ascontiguousarray(boxes), out, self.table,
                              None if flip is None else flip.view(np.uint8), self.layout)
         else:
-            boxes = whole_image_boxes(1, self.height, self.width)
+            boxes = self._whole_image
             if self.table is None:
                 kernels.gather_u8(images, rows, out, flip, self.layout)
             else:
