@@ -205,9 +205,10 @@ def _run(args: argparse.Namespace) -> int:
     if geometry:
         options["geometry"] = geometry
     if args.engine == "ray" or args.address is not None:
-        if geometry:
-            _error("--geometry is not supported with --engine ray; nothing was written")
-            return EXIT_REFUSED
+        for flag, value in (("--sidecar", args.sidecar), ("--keep-path", args.keep_path), ("--geometry", geometry)):
+            if value:  # the Ray conversion writes image and label only: refused rather than dropped
+                _error(f"{flag} is not supported with --engine ray; nothing was written")
+                return EXIT_REFUSED
         if args.max_size is not None:
             _error("--engine ray converts to fixed-size images (--size S) only; run --max-size without --engine ray")
             return EXIT_REFUSED
