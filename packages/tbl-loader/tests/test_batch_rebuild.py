@@ -10,7 +10,15 @@ import pytest
 from conftest import make_images, tree_form
 
 import tbl_format
-from tbl_loader import Batch, ImageDataset, ImageLoader, Mix, PyTreeLoader, RandomResizedCrop, collate_identity
+from tbl_loader import (
+    Batch,
+    ImageDataset,
+    ImageLoader,
+    Mix,
+    PyTreeLoader,
+    RandomResizedCrop,
+    collate_identity,
+)
 from tbl_loader.pytree import IndexedBatch
 
 torch = pytest.importorskip("torch")
