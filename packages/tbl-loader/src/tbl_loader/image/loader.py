@@ -25,7 +25,6 @@ import numpy as np
 import tbl_format
 
 from .._kernels import kernels, per_sample_kernels
-from ..errors import GeometryFieldError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
@@ -339,8 +338,6 @@ class ImageLoader(HostLoader):
             if field_paths and heaps is None:
                 heaps = _heap_dataset(shards, verify, closers)
             check_geometry_leaves(spec.geometry_fields, field_paths, heaps)
-            if spec.geometry and gpu is not None:
-                raise GeometryFieldError("geometry fields are not served with decode_device (nvJPEG decode) yet")
             reader = FieldReader(heaps, field_paths, var) if field_paths else None
             if variable:
                 lazy = heaps.verify_rows if verify == "lazy" else None
