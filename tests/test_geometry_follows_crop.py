@@ -200,3 +200,14 @@ def test_convert_refuses_geometry_without_boxes(photos, tmp_path):
                              "1", "--quiet"], capture_output=True, text=True)
     assert result.returncode != 0 and "must hold lists of [x1, y1, x2, y2] boxes" in result.stderr
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("flags", [("--sidecar", "SIDECAR"), ("--keep-path",),
+                                   ("--sidecar", "SIDECAR", "--geometry", "boxes=xyxy")])
+def test_ray_conversion_refuses_what_it_would_drop(photos, tmp_path, flags):
+    tar_path, sidecar_path, _, _ = photos
+    args = [str(sidecar_path) if f == "SIDECAR" else f for f in flags]
+    result = subprocess.run([sys.executable, "-m", "tbl_format.cli", "convert", str(tar_path), str(tmp_path / "ds"),
+                             "--size", "32", "--engine", "ray", *args], capture_output=True, text=True)
+    assert result.returncode == 2 and "is not supported with --engine ray; nothing was written" in result.stderr
+    assert not (tmp_path / "ds").exists()

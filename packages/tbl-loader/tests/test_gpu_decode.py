@@ -253,3 +253,49 @@ def test_nvjpeg_batches_read_on_another_stream(jpeg):
         got = [b.images.double().sum() for b in ld]
         got = [g.item() for g in got]
     assert got == want
+
+
+def test_device_decode_batches_carry_their_crop_boxes_and_flips(jpeg, stand_in):
+    from tbl_loader.stream import order
+
+    path, _ = jpeg
+    heights = np.array([im.shape[0] for im in make_images(40, seed=9)])
+    widths = np.array([im.shape[1] for im in make_images(40, seed=9)])
+    with loader(path, 8, backend="torch", device="cpu", decode_device="cpu", hflip=0.5) as ld:
+        ld.set_epoch(2)
+        for batch in ld:
+            ids = batch.indices.numpy()
+            crop = ld.spec.random_resized_crop
+            drawn = order.random_resized_crop_boxes(ld.seed, 2, ids, heights[ids], widths[ids], crop.scale,
+                                                    crop.ratio)
+            assert np.array_equal(batch.crop_boxes.numpy(), drawn.astype(np.float64))  # full-scale decode
+            assert np.array_equal(batch.flips.numpy(), order.flip_draws(ld.seed, 2, ids, 0.5))
+
+
+def test_device_decode_boxes_follow_the_crop(tmp_path, jpeg, stand_in):
+    import tbl_format
+
+    _, blobs = jpeg
+    images = make_images(40, seed=9)
+    schema = tbl_format.Schema({"image": tbl_format.Leaf("encoded_image", format="jpeg"),
+                                "height": tbl_format.Leaf("int"), "width": tbl_format.Leaf("int"),
+                                "boxes": tbl_format.Leaf("var_array", dtype="float32", ndim=2)})
+    boxes = [np.array([[1, 2, im.shape[1] - 1, im.shape[0] - 2]] * (i % 3), np.float32).reshape(-1, 4)
+             for i, im in enumerate(images)]
+    with tbl_format.Writer(tmp_path / "boxes", schema) as w:
+        for blob, im, b in zip(blobs, images, boxes, strict=True):
+            w.write({"image": blob, "height": im.shape[0], "width": im.shape[1], "boxes": b})
+    with loader(tmp_path / "boxes", 8, backend="torch", device="cpu", decode_device="cpu", hflip=0.5,
+                fields=("boxes",), geometry={"boxes": "xyxy"}) as ld:
+        out_hw = ld.spec.random_resized_crop.output_size
+        for batch in ld:
+            crop, flips = batch.crop_boxes.numpy(), batch.flips.numpy()
+            for k, row in enumerate(batch.indices.tolist()):
+                (top, left, h, w), (oh, ow) = crop[k].tolist(), out_hw  # the documented rule, in Python floats
+                want = []
+                for x1, y1, x2, y2 in boxes[row].tolist():
+                    xs = [min(max(((x - left) * ow) / w, 0.0), float(ow)) for x in (x1, x2)]
+                    ys = [min(max(((y - top) * oh) / h, 0.0), float(oh)) for y in (y1, y2)]
+                    xs = [ow - xs[1], ow - xs[0]] if flips[k] else xs
+                    want.append([xs[0], ys[0], xs[1], ys[1]])
+                assert np.array_equal(batch.fields["boxes"][k].numpy(), np.array(want, np.float32).reshape(-1, 4))

@@ -203,10 +203,12 @@ def _run(args: argparse.Namespace) -> int:
         _error("--geometry takes FIELD=KIND (e.g. boxes=xyxy) and goes with --sidecar")
         return EXIT_REFUSED
     if geometry:
-        if args.engine == "ray" or args.address is not None:
-            _error("--geometry is not supported with --engine ray; nothing was written")
-            return EXIT_REFUSED
         options["geometry"] = geometry
+    if args.engine == "ray" or args.address is not None:
+        for flag, value in (("--sidecar", args.sidecar), ("--keep-path", args.keep_path), ("--geometry", geometry)):
+            if value:  # the Ray conversion writes image and label only: refused rather than dropped
+                _error(f"{flag} is not supported with --engine ray; nothing was written")
+                return EXIT_REFUSED
     if args.max_size is not None:
         options.update(max_size=args.max_size, store=args.store or "raw")
         if args.quality is not None:

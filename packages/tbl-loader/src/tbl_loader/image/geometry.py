@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import GeometryFieldError
+from ..pytree.batch import Padded
 
 __all__ = ["GEOMETRY_KINDS", "ServedGeometry", "check_geometry", "check_geometry_leaves", "map_boxes", "map_field",
            "served_geometry", "visible", "whole_image_boxes"]
@@ -94,10 +95,12 @@ class ServedGeometry(NamedTuple):
 
 
 def served_geometry(boxes: Any, flips: np.ndarray | None, n: int, out_hw: tuple[int, int]) -> ServedGeometry:
-    """A batch's geometry from the crop boxes (or windows) its kernel call used and its flips (None: none)."""
-    crop = np.array(np.broadcast_to(boxes, (n, 4)), dtype=np.float64)
-    flip = np.zeros(n, dtype=np.bool_) if flips is None else np.array(flips, dtype=np.bool_)
-    return ServedGeometry(crop, flip, (int(out_hw[0]), int(out_hw[1])))
+    """A batch's geometry from the crop boxes (or windows; one row for all, or one per sample) its kernel call
+    used and its flips (a fresh bool array, kept; None: none)."""
+    crop = np.empty((n, 4), dtype=np.float64)
+    crop[...] = boxes
+    flip = np.zeros(n, dtype=np.bool_) if flips is None else flips
+    return ServedGeometry(crop, flip, out_hw)
 
 
 def whole_image_boxes(n: int, height: Any, width: Any) -> np.ndarray:
@@ -167,7 +170,7 @@ def map_field(value: Any, crop_boxes: np.ndarray, flips: np.ndarray, out_hw: tup
         mapped = map_boxes(flat, owner, crop_boxes, flips, out_hw).astype(dtype)
         parts = np.split(mapped, np.cumsum(counts)[:-1]) if rows else []
         return [_like(np.ascontiguousarray(p), v) for p, v in zip(parts, value, strict=True)]
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # Padded (data, lengths)
+    if isinstance(value, Padded):
         data, lengths = value
         host = _host(data)
         n, k = host.shape[0], host.shape[1]
@@ -175,7 +178,7 @@ def map_field(value: Any, crop_boxes: np.ndarray, flips: np.ndarray, out_hw: tup
         mapped = map_boxes(host.reshape(-1, 4), owner, crop_boxes, flips, out_hw).astype(_out_dtype(host.dtype))
         mapped = mapped.reshape(n, k, 4)
         mapped[np.arange(k)[None, :] >= _host(lengths)[:, :1]] = 0  # padding rows stay zero
-        return type(value)(_like(mapped, data), lengths)
+        return Padded(_like(mapped, data), lengths)
     host = _host(value)  # a fixed-shape leaf: (B, k, 4)
     n, k = host.shape[0], host.shape[1]
     mapped = map_boxes(host.reshape(-1, 4), np.repeat(np.arange(n), k), crop_boxes, flips, out_hw)

@@ -51,6 +51,7 @@ from ..errors import GpuDecodeUnavailableError, ImageGeometryError, JpegDecodeEr
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..stream.keys import sample_keys
+from .geometry import ServedGeometry, served_geometry
 from .spec import fit_windows
 from .variable_source import VariableColumns, VariableImageSource
 
@@ -280,11 +281,13 @@ class _Lookup:
 
 @dataclass
 class _DeviceImages:
-    """A fill's payload: the batch's images on the device, the event after them, the fields' payload."""
+    """A fill's payload: the batch's images on the device, the event after them, the fields' payload, and how
+    the images were made from the stored ones (decoded at full scale: the drawn boxes, in stored pixels)."""
 
     images: Any
     event: Any
     fields: Any
+    served: ServedGeometry
 
 
 class GpuJpegSource(VariableImageSource):
@@ -333,7 +336,7 @@ class GpuJpegSource(VariableImageSource):
 
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
         fields = None if self.fields is None else self.fields.fill(buffers, ids)
-        return _DeviceImages(images, event, fields)
+        return _DeviceImages(images, event, fields, served_geometry(boxes, flip, n, self.out_hw))
 
     def _decode(self, blobs: list[Any], ids: np.ndarray) -> list[Any]:
         try:
@@ -375,5 +378,7 @@ class GpuJpegSource(VariableImageSource):
         fields = {}
         if self.fields is not None:
             fields = self.fields.values(outputs, payload.fields, torch_device if backend == "torch" else False)
+        fields, crop_boxes, flips = payload.served.finish(fields, self.spec.geometry_fields, backend)
         return Batch(images, outputs.get("labels"), host_indices(plan.sample_ids, backend),
-                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields)
+                     keys=sample_keys(self.seed, plan.epoch, plan.sample_ids), fields=fields,
+                     crop_boxes=crop_boxes, flips=flips)

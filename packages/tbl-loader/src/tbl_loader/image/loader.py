@@ -26,7 +26,7 @@ import numpy as np
 import tbl_format
 
 from .._kernels import kernels, per_sample_kernels
-from ..errors import GeometryFieldError, UnsupportedCombinationError
+from ..errors import UnsupportedCombinationError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
@@ -97,6 +97,7 @@ class _ImageSource:
         self.resize_crop = None if self.center_window is None else per_sample_kernels().resize_crop_images
         self.out_shape = columns.out_shape(spec.layout)
         self.out_hw = columns.out_hw
+        self._whole_image = whole_image_boxes(1, columns.height, columns.width)  # the crop box without a crop
         self.geometry = spec.geometry_fields  # fields whose boxes follow the first view (image.geometry)
         self.dtype = spec.dtype
         self.layout = spec.layout
@@ -192,7 +193,7 @@ class _ImageSource:
             self.resize_crop(_row_views(images, rows), np.ascontiguousarray(boxes), out, self.table,
                              None if flip is None else flip.view(np.uint8), self.layout)
         else:
-            boxes = whole_image_boxes(1, self.height, self.width)
+            boxes = self._whole_image
             if self.table is None:
                 kernels.gather_u8(images, rows, out, flip, self.layout)
             else:
@@ -405,8 +406,6 @@ def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers
     if field_paths and heaps is None:
         heaps = _heap_dataset(shards, verify, closers)
     check_geometry_leaves(spec.geometry_fields, field_paths, heaps)
-    if spec.geometry and gpu is not None:
-        raise GeometryFieldError("geometry fields are not served with decode_device (nvJPEG decode) yet")
     reader = FieldReader(heaps, field_paths, var) if field_paths else None
     if variable:
         lazy = heaps.verify_rows if verify == "lazy" else None

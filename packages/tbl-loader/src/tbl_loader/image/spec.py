@@ -195,7 +195,8 @@ class ImageSpec:
 
     def __post_init__(self) -> None:
         # {field path: kind} (tbl_loader.image.geometry), kept as sorted pairs so that the spec stays hashable
-        object.__setattr__(self, "geometry", tuple(sorted(check_geometry(dict(self.geometry or {})).items())))
+        geometry = dict(self.geometry) if isinstance(self.geometry, tuple) else self.geometry  # () or a replace()
+        object.__setattr__(self, "geometry", tuple(sorted(check_geometry(geometry).items())))
         crops = self.random_resized_crop
         if isinstance(crops, (list, tuple)):  # multi-crop: the first spec is view 0, the others extra views
             if not crops:
