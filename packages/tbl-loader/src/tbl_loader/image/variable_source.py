@@ -44,7 +44,7 @@ from ..stream import order
 from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from .fields import FieldReader
-from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
+from .jpeg import check_dct, check_jpeg_header, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows
 
 __all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable"]
@@ -259,6 +259,18 @@ class VariableImageSource:
             kernels.gather_rows(self.labels, ids, buffers["labels"][:n])
         return None if self.fields is None else self.fields.fill(buffers, ids)
 
+    def _check_headers(self, blobs: list[Any], ids: np.ndarray) -> None:
+        """Each JPEG row's frame header against its height/width columns, before a decoder allocates
+        (the CPU decode checks its own in `decode_jpeg`)."""
+        h, w = self.columns.heights[ids].tolist(), self.columns.widths[ids].tolist()
+        for k, blob in enumerate(blobs):
+            try:
+                check_jpeg_header(blob, h[k], w[k])
+            except ImageGeometryError as e:
+                raise ImageGeometryError(f"{self.path}: row {int(ids[k])}: {e}") from None
+            except ValueError as e:
+                raise JpegDecodeError(self.path, int(ids[k]), str(e)) from None
+
     def _raw_views(self, views: list[Any], ids: np.ndarray) -> list[np.ndarray]:
         h, w = self.columns.heights[ids], self.columns.widths[ids]
         for k, view in enumerate(views):
@@ -276,15 +288,12 @@ class VariableImageSource:
         dct = self.jpeg_dct
 
         def one(k: int) -> np.ndarray:
-            try:
-                image = decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k], dct=dct)
+            try:  # the header is checked against the columns first, at every scale (tbl_loader.image.jpeg)
+                return decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k], dct=dct)
+            except ImageGeometryError as e:
+                raise ImageGeometryError(f"{self.path}: row {rows[k]}: {e}") from None
             except ValueError as e:
                 raise JpegDecodeError(self.path, rows[k], str(e)) from None
-            if scale_list[k] == 1 and image.shape[:2] != (h_list[k], w_list[k]):
-                raise ImageGeometryError(
-                    f"{self.path}: row {rows[k]}: the JPEG decodes to {image.shape[:2]}, its height/width "
-                    f"columns say ({h_list[k]}, {w_list[k]})")
-            return image
 
         threads = max(1, self.num_threads or kernels.get_num_threads())
         if self._pool is None and threads > 1:
