@@ -288,3 +288,37 @@ def test_a_corrupt_cached_heap_shard_is_replaced_and_the_next_run_reads_it(s3_se
         run()
     assert victim.read_bytes() == (local / victim.name).read_bytes()  # downloaded again, checked
     assert all(np.array_equal(g, w) for g, w in zip(run(), want, strict=True))
+
+
+def test_a_single_file_republished_at_the_same_url_is_downloaded_again(s3_server, tmp_path):
+    """One .tbl at a URL has no manifest: the object's ETag is what its cached copy is checked against."""
+    from tbl_loader.source.remote import RemoteDataset
+
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/one.tbl"
+    opts = s3_server.storage_options
+    old = tbl_format.write(({"x": np.int64(i)} for i in range(8)), tmp_path / "old.tbl")
+    new = tbl_format.write(({"x": np.int64(100 + i)} for i in range(8)), tmp_path / "new.tbl")
+    assert old.stat().st_size == new.stat().st_size
+    for path, first in ((old, 0), (new, 100), (new, 100)):
+        s3_server.boto().put_object(Bucket=bucket, Key="one.tbl", Body=path.read_bytes())
+        with RemoteDataset(url, cache_dir=tmp_path / "cache", storage_options=opts) as remote:
+            with tbl_format.open(remote.ensure_all()) as ds:
+                assert [ds[i]["x"] for i in range(8)] == list(range(first, first + 8))
+
+
+def test_a_folder_under_a_shard_name_is_a_named_error(s3_server, two_datasets, tmp_path):
+    from tbl_loader.errors import CacheEntryError
+    from tbl_loader.source.upload import upload_dataset
+
+    a, _ = two_datasets
+    url = f"s3://{s3_server.new_bucket()}/ds/"
+    opts = s3_server.storage_options
+    upload_dataset(a, url, storage_options=opts)
+    cache = tmp_path / "cache"
+    _rows(url, cache, opts)
+    victim = _shard_files(cache)[0]
+    victim.unlink()
+    victim.mkdir()
+    with pytest.raises(CacheEntryError, match=f"{victim.name}: a folder where the cache keeps a shard"):
+        _rows(url, cache, opts)

@@ -69,7 +69,7 @@ from typing import Any
 
 import tbl_format
 
-from ..errors import CacheFullError, RemoteChecksumError, RemoteSupportMissingError
+from ..errors import CacheEntryError, CacheFullError, RemoteChecksumError, RemoteSupportMissingError
 from .storage import PIP_REMOTE, Store
 
 __all__ = ["CACHE_FOLDER", "ShardCache", "default_cache_dir", "parse_size"]
@@ -231,7 +231,7 @@ class ShardCache:
         except FileNotFoundError:
             return False
         if stat.S_ISDIR(st.st_mode):
-            raise CacheFullError(f"{final}: a folder where the cache keeps a shard; remove it")
+            raise CacheEntryError(f"{final}: a folder where the cache keeps a shard; remove it")
         if not stat.S_ISREG(st.st_mode):  # a symbolic link (never followed) or a FIFO, device, socket
             final.unlink()
             return False
