@@ -236,3 +236,32 @@ def test_garbage_collection_unmaps_the_dataset(private_dataset):
     del loader, it
     gc.collect()
     assert not _mapped(private_dataset)
+
+
+def test_close_with_a_blocked_transform_returns_in_bounded_time_naming_it(dataset_path, monkeypatch):
+    """A user transform that never returns: close() waits JOIN_TIMEOUT_S, then warns naming the function the
+    producer thread is stuck in, and returns; the loader is closed."""
+    from tbl_loader.host import producer
+
+    monkeypatch.setattr(producer, "JOIN_TIMEOUT_S", 0.5)
+    gate = threading.Event()
+    calls = []
+
+    def blocking_transform(batch):
+        calls.append(1)
+        if len(calls) > 1:
+            gate.wait()  # the second batch never finishes until the test lets it
+        return batch
+
+    ld = ImageLoader(dataset_path, 8, backend="numpy", transform=blocking_transform, prefetch=2)
+    next(iter(ld))
+    while len(calls) < 2:
+        time.sleep(0.01)
+    start = time.monotonic()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"did not stop within 0.5 s; it is in wait \(threading.py:\d+\) "
+                                                r"<- .*blocking_transform \(test_lifetime.py:\d+\)"):
+            ld.close()
+        assert time.monotonic() - start < 5 and ld.closed
+    finally:
+        gate.set()

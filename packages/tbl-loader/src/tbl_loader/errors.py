@@ -18,6 +18,7 @@ import tbl_format
 from tbl_format import DestinationError, DestinationExistsError, NotRegularFileError
 
 __all__ = [
+    "CacheEntryError",
     "CacheFullError",
     "CacheThrashWarning",
     "DecoderMismatchError",
@@ -173,6 +174,10 @@ class RemoteChecksumError(RemoteError, tbl_format.FormatError):
     """A downloaded file failed its checksums twice (downloaded again once, then refused).
 
     Also a ``tbl_format.FormatError``: what the store holds is not an intact dataset."""
+
+
+class CacheEntryError(LoaderError, OSError):
+    """Something the shard cache did not put there, and cannot remove (a folder), sits under a shard's name."""
 
 
 class CacheFullError(LoaderError, OSError):

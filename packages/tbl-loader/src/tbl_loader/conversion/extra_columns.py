@@ -23,8 +23,10 @@ when every image's value has one shape (a multi-label vector), else a
 variable-shape one (an empty list is an empty array of the others' trailing
 shape). Every converted image needs an entry with every field
 (:class:`SidecarError` names the first that has none); entries naming no image
-of the source are ignored. A field may not be called ``image``, ``label``,
-``path`` or ``orig_size``.
+of the source are ignored. A field may not take the name of a column the
+converter writes itself: ``image``, ``label``, ``path``, ``orig_size``, and the
+recipe's own (``height`` and ``width`` with ``--max-size``); it would replace
+that column (SidecarError names the field and the column).
 
 Geometry (``geometry={"boxes": "xyxy"}``, ``tbl convert --geometry boxes=xyxy``): the field's
 values are boxes ``[[x1, y1, x2, y2], ...]`` in the pixels of the upright source image (as a viewer
@@ -73,14 +75,18 @@ def load_sidecar(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """``{name: {field: value}}`` from a JSON or CSV / TSV sidecar (see the module docstring)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        fd = tbl_format.open_regular(p, "sidecar")  # a FIFO or device is refused unopened: it could block forever
+        with os.fdopen(fd, "rb") as f:
+            text = f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError, tbl_format.NotRegularFileError) as e:
         raise SidecarError(f"{p}: cannot read the sidecar: {e}") from None
     if p.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise SidecarError(f"{p}: not valid JSON: {e}") from None
+        except RecursionError:  # the parser recurses once per level of nesting
+            raise SidecarError(f"{p}: JSON nested too deeply to read") from None
         if isinstance(data, list):
             entries = {}
             for k, item in enumerate(data):
@@ -93,7 +99,11 @@ def load_sidecar(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         return {str(k): v for k, v in data.items()}
     if p.suffix.lower() not in (".csv", ".tsv"):
         raise SidecarError(f"{p}: a sidecar is a .json, .csv or .tsv file")
-    rows = list(csv.reader(io.StringIO(text), delimiter="\t" if p.suffix.lower() == ".tsv" else ","))
+    reader = csv.reader(io.StringIO(text), delimiter="\t" if p.suffix.lower() == ".tsv" else ",")
+    try:
+        rows = list(reader)
+    except csv.Error as e:  # e.g. a cell over csv.field_size_limit()
+        raise SidecarError(f"{p}: line {reader.line_num}: {e}") from None
     if not rows:
         raise SidecarError(f"{p}: empty sidecar")
     header = rows[0]
@@ -122,7 +132,10 @@ def _leaf(field: str, values: list[Any]) -> tuple[tbl_format.Leaf, Any]:
     if all(isinstance(v, str) for v in values):
         return tbl_format.Leaf("str"), str
     if all(isinstance(v, list) for v in values):
-        arrays = [np.asarray(v) for v in values]
+        try:
+            arrays = [np.asarray(v) for v in values]
+        except ValueError as e:  # ragged, or nested deeper than numpy's 64 dimensions
+            raise SidecarError(f"field {field!r}: list values that are not arrays of numbers ({e})") from None
         if any(a.dtype.kind not in "iufb" for a in arrays if a.size):
             raise SidecarError(f"field {field!r}: list values must hold numbers only")
         dtype = np.int64 if all(a.dtype.kind in "iub" for a in arrays if a.size) else np.float32
@@ -147,11 +160,23 @@ def _leaf(field: str, values: list[Any]) -> tuple[tbl_format.Leaf, Any]:
 class ExtraColumns:
     """The extra leaves of one conversion and each image's values (see the module docstring)."""
 
-    def __init__(self, names: Sequence[str], locators: Sequence[Any], *, keep_path: bool = False,
-                 sidecar: str | os.PathLike[str] | None = None, tar_path: str | None = None,
+    def __init__(self, names: Sequence[str], locators: Sequence[Any], *, written: Sequence[str],
+                 keep_path: bool = False, sidecar: str | os.PathLike[str] | None = None, tar_path: str | None = None,
                  max_bytes: int | None = None, geometry: dict[str, str] | None = None,
                  placement: Any = None) -> None:
-        # placement(height, width) -> (source region (top, left, h, w), stored (H, W)): the recipe's geometry
+        """Args:
+            names: each image's name in the listing (a sidecar's keys).
+            locators: where each image's bytes are (a path, or a tar member's offset and size).
+            written: the columns the conversion's recipe writes itself (its schema's top-level names);
+                no sidecar field may take one of them, nor one of RESERVED.
+            keep_path: add the ``path`` and ``orig_size`` columns.
+            sidecar: a JSON / CSV / TSV file of per-image fields.
+            tar_path: the TAR the locators point into, if any.
+            max_bytes: the largest image file read (--max-image-bytes).
+            geometry: sidecar fields holding boxes, by kind (see the module docstring).
+            placement: ``placement(height, width) -> (source region (top, left, h, w), stored (H, W))``,
+                the recipe's geometry that boxes are mapped through.
+        """
         self.names = list(names)
         self.locators = list(locators)
         self.keep_path = bool(keep_path)
@@ -169,13 +194,18 @@ class ExtraColumns:
             if missing:
                 raise SidecarError(f"{sidecar}: no entry for image {missing[0]!r} ({len(missing)} images have none)")
             fields = list(dict.fromkeys(f for n in self.names for f in self._entries[n]))
+            taken = list(dict.fromkeys([*RESERVED, *written]))
             for f in fields:
-                if f in RESERVED:
-                    raise SidecarError(f"{sidecar}: field {f!r} is reserved ({', '.join(RESERVED)})")
+                if f in taken:  # it would silently replace the converter's own column
+                    raise SidecarError(f"{sidecar}: field {f!r} is reserved: the converter writes a {f!r} column "
+                                       f"itself (reserved: {', '.join(taken)}); rename the field")
                 lacking = next((n for n in self.names if f not in self._entries[n]), None)
                 if lacking is not None:
                     raise SidecarError(f"{sidecar}: image {lacking!r} has no field {f!r}")
-                leaf, convert = _leaf(f, [self._entries[n][f] for n in self.names])
+                try:
+                    leaf, convert = _leaf(f, [self._entries[n][f] for n in self.names])
+                except SidecarError as e:
+                    raise SidecarError(f"{sidecar}: {e}") from None
                 self.leaves[f] = leaf
                 self._fields.append((f, convert))
         self.geometry = check_geometry(geometry)
@@ -194,6 +224,18 @@ class ExtraColumns:
 
     def __bool__(self) -> bool:
         return bool(self.leaves)
+
+    def refusal(self, i: int) -> str | None:
+        """Why image ``i`` cannot be stored with its extra columns, or None. A file name that is not UTF-8
+        (Python holds its bytes as surrogates) has no ``path`` value: the image fails like one that does not
+        decode (the converter's ``on_error``), naming the file."""
+        if self.keep_path:
+            try:
+                self.names[i].encode("utf-8")
+            except UnicodeEncodeError:
+                raw = os.fsencode(self.names[i])
+                return f"its name is not UTF-8 ({raw!r}); the path column (keep_path) stores UTF-8 text"
+        return None
 
     def row(self, i: int) -> dict[str, Any]:
         """Image ``i``'s extra values (``i`` indexes ``names``)."""

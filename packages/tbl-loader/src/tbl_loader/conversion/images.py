@@ -618,7 +618,8 @@ def fixed_schema(size: int) -> tbl_format.Schema:
 
 
 def _with_extra(schema: tbl_format.Schema, extra: ExtraColumns | None) -> tbl_format.Schema:
-    """The recipe's schema plus the extra columns of --keep-path / --sidecar."""
+    """The recipe's schema plus the extra columns of --keep-path / --sidecar (ExtraColumns refused any name
+    the recipe writes, so none replaces a recipe column)."""
     return schema if extra is None else tbl_format.Schema({**schema.tree, **extra.leaves})
 
 
@@ -827,8 +828,9 @@ def convert(
         names = listing.names[start:stop]
         labels = listing.labels[start:stop]
         locators = listing.locators[start:stop]
-        extra = ExtraColumns(names, locators, keep_path=keep_path, sidecar=sidecar, tar_path=listing.tar_path,
-                             max_bytes=max_image_bytes, geometry=geometry, placement=recipe.stored_geometry)
+        extra = ExtraColumns(names, locators, written=list(recipe.schema().tree), keep_path=keep_path,
+                             sidecar=sidecar, tar_path=listing.tar_path, max_bytes=max_image_bytes,
+                             geometry=geometry, placement=recipe.stored_geometry)
         workers = max(1, min(workers, len(locators)))
         t_scan = time.perf_counter()
         rep = ConvertReport(
@@ -946,6 +948,8 @@ def _convert_into(
         closing(results),
     ):
         for i, (pixels, err) in enumerate(results):
+            if err is None and extra:
+                err = extra.refusal(i)  # e.g. a name the path column cannot hold: an image error like any
             if err is not None:
                 _record_failure(rep, bar, names[i], err, on_error)
             else:

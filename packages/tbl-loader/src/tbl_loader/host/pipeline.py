@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import LoaderClosedError, LoaderInWorkersError
 from ..stream.cursor import Resumable, StreamCursor
 from ..stream.order import BatchPlan
+from . import producer as producer_module
 from .output import HostArray, OutputSpec
 from .producer import Producer
 from .ring import Ring, Slot
@@ -218,7 +219,9 @@ class HostPipeline:
             self._ring = None
             self.thread_leaked = True
             if not active.producer.on_producer_thread:  # else: a finalizer run on that thread; it exits next
-                warnings.warn("a producer thread did not stop in time; its buffers are abandoned",
+                warnings.warn(f"a producer thread did not stop within {producer_module.JOIN_TIMEOUT_S:g} s; it is "
+                              f"in {active.producer.stuck_at() or 'an unknown call'}; its buffers are abandoned "
+                              "(a transform or read that never returns keeps it running)",
                               RuntimeWarning, stacklevel=2)
         return not self.thread_leaked
 

@@ -19,6 +19,9 @@ consumer's thread instead (no thread at all). The rules loaders rely on:
 from __future__ import annotations
 
 import atexit
+import os
+import sys
+import sysconfig
 import threading
 import weakref
 from collections import deque
@@ -176,6 +179,22 @@ class Producer(Generic[T]):
     def on_producer_thread(self) -> bool:
         """True when called from this producer's own thread (e.g. a finalizer run by the collector there)."""
         return self._thread is threading.current_thread()
+
+    def stuck_at(self) -> str:
+        """Where the producer thread is now, innermost first, up to the first frame outside Python's own
+        library (the user's transform or the source call that blocks): ``"wait (threading.py:359) <-
+        my_transform (train.py:12)"``; ``""`` when no thread runs."""
+        thread = self._thread
+        frame = None if thread is None or thread.ident is None else sys._current_frames().get(thread.ident)
+        stdlib = sysconfig.get_paths()["stdlib"]
+        parts = []
+        while frame is not None:
+            code = frame.f_code
+            parts.append(f"{code.co_name} ({os.path.basename(code.co_filename)}:{frame.f_lineno})")
+            if not code.co_filename.startswith(stdlib):
+                break
+            frame = frame.f_back
+        return " <- ".join(parts)
 
     @property
     def joined(self) -> bool:

@@ -318,6 +318,7 @@ class GpuJpegSource(VariableImageSource):
         ids = plan.sample_ids
         n = ids.shape[0]
         boxes, flip, values = self._read_rows(plan)
+        self._check_headers(values, ids)  # sizes as the columns say, before the device allocates
         joined = bytearray().join(values)  # one writable host copy of the batch's JPEG bytes, sliced per row
         ends = np.cumsum([len(v) for v in values]).tolist()
         whole = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)

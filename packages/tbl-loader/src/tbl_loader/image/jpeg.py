@@ -35,23 +35,116 @@ the pixels are the same. It is opt-in (``ImageLoader(jpeg_dct="fast")``) and a
 stream setting (``jpeg_dct``, in the fingerprint), since it changes pixels.
 Chroma upsampling stays the smooth ("fancy") one in both: FFCV does not use
 TurboJPEG's fast upsampling either.
+
+Header first. A row's bytes are not trusted to match its ``height`` / ``width``
+columns: `decode_jpeg` reads the frame header (the first SOF segment: sample
+precision, size, colour components) with `read_jpeg_header` and refuses a
+row whose size differs from its columns (`ImageGeometryError`), or that is not
+8-bit with 1 or 3 components (ValueError), before the decoder allocates
+anything, at every DCT scale. So a decode never allocates more than the
+row's declared ``height * width * 3`` bytes (a 16000 x 16000 JPEG declared
+256 x 211 is refused from its first few hundred bytes), and the boxes mapped by
+`scale_boxes` are always mapped from the image's true size. The decoded
+image is then checked against the sizes libjpeg-turbo's scaled IDCT gives
+(``ceil(H * n / 8)`` by ``ceil(W * n / 8)``, one ``n`` in 1..8, at least the
+requested minimum).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import JpegDecoderUnavailableError
+from ..errors import ImageGeometryError, JpegDecoderUnavailableError
 
-__all__ = ["DCT_METHODS", "DECODER_NAME", "check_dct", "dct_scale", "decode_jpeg", "decoder_info", "scale_boxes"]
+__all__ = ["DCT_METHODS", "DECODER_NAME", "JpegHeader", "check_dct", "check_jpeg_header", "dct_scale", "decode_jpeg", "decoder_info",
+           "read_jpeg_header", "scale_boxes"]
 
 DECODER_NAME = "simplejpeg"
 INSTALL = 'pip install "tbl-loader[jpeg]"'
 _SCALES = (8, 4, 2, 1)
 DCT_METHODS = ("accurate", "fast")
 """The IDCT methods of the serve-time decode (see the module docstring): the accurate one is the default."""
+
+
+# Start-of-frame markers (SOF0..SOF15 less DHT, JPG and DAC, which share the range), and the markers that
+# stand alone without a length (TEM, RST0..RST7).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
+
+
+class JpegHeader(NamedTuple):
+    """A JPEG's frame header (its first SOF segment)."""
+
+    height: int
+    width: int
+    components: int
+    precision: int  # bits per sample
+
+
+def read_jpeg_header(data: Any) -> JpegHeader:
+    """The frame header of JPEG ``data`` (any bytes-like object), read from the markers before the first SOF
+    segment as libjpeg reads them; ValueError naming what is wrong when the bytes do not reach one.
+
+    Args:
+        data: the JPEG bytes.
+    """
+    buf = memoryview(data).cast("B")
+    n = len(buf)
+    if n < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
+        raise ValueError("no JPEG start-of-image marker")
+    pos = 2
+    while True:
+        if pos >= n or buf[pos] != 0xFF:
+            found = "the end of the data" if pos >= n else f"byte {buf[pos]:#04x}"
+            raise ValueError(f"offset {pos}: a marker expected before the frame header, found {found}")
+        while pos < n and buf[pos] == 0xFF:  # fill bytes may precede a marker
+            pos += 1
+        if pos + 2 >= n:
+            raise ValueError("the data ends before the frame header")
+        marker = buf[pos]
+        pos += 1
+        if marker in _STANDALONE_MARKERS:
+            continue
+        if marker in (0x00, 0xD8, 0xD9, 0xDA):  # stuffing, second SOI, EOI, scan data: no frame yet
+            raise ValueError(f"marker {marker:#04x} before the frame header")
+        length = buf[pos] << 8 | buf[pos + 1]
+        if length < 2 or pos + length > n:
+            raise ValueError(f"offset {pos}: a segment of length {length} runs past the data ({n} bytes)")
+        if marker in _SOF_MARKERS:
+            if length < 8:
+                raise ValueError(f"offset {pos}: a frame header of {length} bytes (8 at least)")
+            return JpegHeader(height=buf[pos + 3] << 8 | buf[pos + 4], width=buf[pos + 5] << 8 | buf[pos + 6],
+                              components=buf[pos + 7], precision=buf[pos + 2])
+        pos += length
+
+
+def check_jpeg_header(data: Any, height: int, width: int) -> None:
+    """Refuse ``data`` unless its frame header is an 8-bit, 1- or 3-component ``height`` x ``width`` image:
+    ImageGeometryError for another size, ValueError for anything else.
+
+    Args:
+        data: the JPEG bytes.
+        height: the row's ``height`` column.
+        width: the row's ``width`` column.
+    """
+    header = read_jpeg_header(data)
+    if header.precision != 8:
+        raise ValueError(f"{header.precision}-bit samples (8-bit JPEG is served)")
+    if header.components not in (1, 3):
+        raise ValueError(f"{header.components} colour components (1 or 3 are served)")
+    if (header.height, header.width) != (height, width):
+        raise ImageGeometryError(f"the JPEG header says {header.height} x {header.width}, its height/width "
+                                 f"columns say {height} x {width}")
+
+
+def _scaled_sizes(height: int, width: int, scale: int) -> set[tuple[int, int]]:
+    """The sizes libjpeg-turbo's scaled IDCT (factors n/8) may decode a ``height`` x ``width`` JPEG to when
+    asked for at least ``ceil(height / scale)`` x ``ceil(width / scale)``."""
+    lo_h, lo_w = -(-height // scale), -(-width // scale)
+    sizes = {(-(-height * n // 8), -(-width * n // 8)) for n in range(1, 9)}
+    return {(h, w) for h, w in sizes if h >= lo_h and w >= lo_w}
 
 
 def _simplejpeg() -> Any:
@@ -106,12 +199,20 @@ def decode_jpeg(data: Any, scale: int = 1, *, height: int, width: int, dct: str 
     """RGB uint8 (H', W', 3) of JPEG ``data`` (stored ``height`` x ``width``) decoded at DCT scale 1/``scale``
     with the IDCT ``dct`` (one of DCT_METHODS; the caller checks it with `check_dct`).
 
-    Raises ValueError (the decoder's message) when the bytes do not decode in
-    full. Releases the GIL while decoding.
+    Raises ImageGeometryError when the frame header's size is not ``height`` x
+    ``width`` (before anything is allocated), ValueError (naming the cause) when
+    the header is malformed or not 8-bit RGB/greyscale, or when the bytes do not
+    decode in full. Releases the GIL while decoding.
     """
     sj = _simplejpeg()
+    check_jpeg_header(data, height, width)  # the decoder allocates from this header: checked first
     fast = dct == "fast"
     if scale == 1:
-        return sj.decode_jpeg(data, "RGB", fastdct=fast, strict=True)
-    return sj.decode_jpeg(data, "RGB", fastdct=fast, strict=True, min_height=-(-height // scale),
-                          min_width=-(-width // scale))
+        image = sj.decode_jpeg(data, "RGB", fastdct=fast, strict=True)
+    else:
+        image = sj.decode_jpeg(data, "RGB", fastdct=fast, strict=True, min_height=-(-height // scale),
+                               min_width=-(-width // scale))
+    if image.ndim != 3 or image.shape[2] != 3 or image.shape[:2] not in _scaled_sizes(height, width, scale):
+        raise ImageGeometryError(f"the JPEG decodes to {image.shape} at DCT scale 1/{scale}, not a scaled "
+                                 f"{height} x {width} RGB image")
+    return image

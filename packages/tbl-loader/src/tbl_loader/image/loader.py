@@ -171,13 +171,15 @@ class _ImageSource:
         ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
         n = ids.shape[0]
         self.shards.before_batch(plan.number)
+        if self.verify_rows is not None:
+            # Before any byte of these rows is read, and before their columns are taken: a URL's check may
+            # replace a cached shard that fails it (RemoteDataset.verify_rows), and the columns are the new map's.
+            self.verify_rows(ids.tolist(), self.verified_leaves)
         # Only the columns of this batch's shards are read (a remote source maps them first); rows: the
         # batch's positions in their concatenation.
         found, rows = self.shards.batch_columns(self.leaves, ids)
         images = found[self.image_key]
         labels = self._label_rows_of(found[self.label_key]) if self.has_labels else None
-        if self.verify_rows is not None:
-            self.verify_rows(ids.tolist(), self.verified_leaves)  # before any byte of these rows is read
         out = buffers["images"][:n]
         flip = self._flip_mask(plan.epoch, ids)
         if self.crop is not None:
@@ -409,11 +411,16 @@ def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers
     reader = FieldReader(heaps, field_paths, var) if field_paths else None
     if variable:
         lazy = heaps.verify_rows if verify == "lazy" else None
+        if lazy is not None and heaps is not shards.dataset:  # a URL: heaps streams over its cache
+            lazy = shards.evicting(lazy)
         make = variable_source.VariableImageSource if gpu is None else gpu.source
         source = make(heaps, columns, spec, seed, lazy, num_threads, reader, jpeg_dct)
         closers.insert(0, source.close)  # the decode threads stop before the dataset closes
     else:
         lazy = shards.verify_rows if verify == "lazy" else None
+        if lazy is not None and heaps is not None and heaps is not shards.dataset:
+            # a URL's fields are read through the streaming dataset, which may map a shard's old copy
+            lazy = shards.evicting(functools.partial(shards.verify_rows, heal=False))
         source = _ImageSource(columns, spec, seed, shards, lazy, reader, batch_size)
         closers.insert(0, source.close)  # its read-ahead stops before the dataset closes
     return BoundImages(columns, settings, source, heaps, variable)

@@ -46,7 +46,7 @@ from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from .fields import FieldReader
 from .geometry import served_geometry
-from .jpeg import check_dct, dct_scale, decode_jpeg, decoder_info, scale_boxes
+from .jpeg import check_dct, check_jpeg_header, dct_scale, decode_jpeg, decoder_info, scale_boxes
 from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows, view_seed
 
 __all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable", "sample_boxes", "stream_settings"]
@@ -310,6 +310,18 @@ class VariableImageSource:
         kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
         return served_geometry(region, flip, ids.shape[0], out_hw)
 
+    def _check_headers(self, blobs: list[Any], ids: np.ndarray) -> None:
+        """Each JPEG row's frame header against its height/width columns, before a decoder allocates
+        (the CPU decode checks its own in `decode_jpeg`)."""
+        h, w = self.columns.heights[ids].tolist(), self.columns.widths[ids].tolist()
+        for k, blob in enumerate(blobs):
+            try:
+                check_jpeg_header(blob, h[k], w[k])
+            except ImageGeometryError as e:
+                raise ImageGeometryError(f"{self.path}: row {int(ids[k])}: {e}") from None
+            except ValueError as e:
+                raise JpegDecodeError(self.path, int(ids[k]), str(e)) from None
+
     def _raw_views(self, views: list[Any], ids: np.ndarray) -> list[np.ndarray]:
         h, w = self.columns.heights[ids], self.columns.widths[ids]
         for k, view in enumerate(views):
@@ -333,14 +345,12 @@ class VariableImageSource:
             done = decoded.get((k, scale_list[k]))
             if done is not None:
                 return done
-            try:
+            try:  # the header is checked against the columns first, at every scale (tbl_loader.image.jpeg)
                 image = decode_jpeg(blobs[k], scale_list[k], height=h_list[k], width=w_list[k], dct=dct)
+            except ImageGeometryError as e:
+                raise ImageGeometryError(f"{self.path}: row {rows[k]}: {e}") from None
             except ValueError as e:
                 raise JpegDecodeError(self.path, rows[k], str(e)) from None
-            if scale_list[k] == 1 and image.shape[:2] != (h_list[k], w_list[k]):
-                raise ImageGeometryError(
-                    f"{self.path}: row {rows[k]}: the JPEG decodes to {image.shape[:2]}, its height/width "
-                    f"columns say ({h_list[k]}, {w_list[k]})")
             decoded[(k, scale_list[k])] = image  # one thread per k: no two threads write one key
             return image
 

@@ -33,6 +33,22 @@ Rules (DESIGN.md, "Remote datasets"):
   shards a reader keeps open at once.
 - A full disk during a download raises :class:`CacheFullError` and leaves
   nothing behind.
+- A cached file is served only while it is the shard the current manifest
+  names, checked on every open of it: a regular file (``lstat``; a symbolic
+  link or anything else under a shard's name is removed, never followed),
+  of the manifest's size, whose header CRC-32 (a header covers the checksums
+  of all its data, so this is the shard's content identity) and rows are the
+  manifest's. A single ``.tbl`` at a URL has no manifest: its identity is the
+  object's ETag (or version, or modification time) as the store reports it,
+  recorded beside the cached file at download. Anything else there (an older
+  publication of a dataset republished at the same URL with shards of the
+  same name and size, a file planted in the cache) is removed and the shard
+  downloaded again.
+- :meth:`ShardCache.refetch` evicts a cached shard whose data failed a check
+  after it was cached (``verify="lazy"`` finding a bad block) and downloads it
+  again with every data block checked; a second failure raises
+  :class:`RemoteChecksumError` naming the URL. A shard that arrived corrupt is
+  so never served again from the cache.
 """
 
 from __future__ import annotations
@@ -44,6 +60,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import sys
 import threading
 from collections.abc import Iterator
@@ -52,7 +69,7 @@ from typing import Any
 
 import tbl_format
 
-from ..errors import CacheFullError, RemoteChecksumError, RemoteSupportMissingError
+from ..errors import CacheEntryError, CacheFullError, RemoteChecksumError, RemoteSupportMissingError
 from .storage import PIP_REMOTE, Store
 
 __all__ = ["CACHE_FOLDER", "ShardCache", "default_cache_dir", "parse_size"]
@@ -109,6 +126,11 @@ def _store_key(url: str, storage_options: dict[str, Any] | None) -> str:
     endpoint = [str(opts.get(k)) for k in sorted(opts) if "endpoint" in k.lower() or k.lower() in ("region",)]
     text = json.dumps([url.rstrip("/"), endpoint])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def _tag_file(final: Path) -> Path:
+    """Where the object identity of a single-file dataset's cached copy ``final`` is recorded."""
+    return final.with_name(f".{final.name}.tbl-cache-tag")
 
 
 class ShardCache:
@@ -190,16 +212,54 @@ class ShardCache:
         with self.holding(store, directory, entry, verify_data=verify_data) as path:
             return path
 
-    @staticmethod
-    def _cached(final: Path, entry: dict[str, Any]) -> bool:
+    def refetch(self, store: Store, directory: Path, entry: dict[str, Any]) -> Path:
+        """Evict shard ``entry``'s cached file (its data failed a check after it was cached) and download it
+        again with every data block checked: RemoteChecksumError naming the URL if that fails twice."""
+        final = directory / entry["file"]
+        with self._locked(final):
+            self._remove_temporaries(final)
+            with contextlib.suppress(FileNotFoundError):
+                final.unlink()  # a reader's map of it stays valid: the kernel keeps its pages
+            self._download(store, final, entry, verify_data=True)
+        return final
+
+    def _cached(self, final: Path, entry: dict[str, Any]) -> bool:
+        """Whether ``final`` is the shard ``entry`` names (see the module docstring); what is there
+        otherwise is removed."""
         try:
-            st = final.stat()
+            st = os.lstat(final)
         except FileNotFoundError:
             return False
-        if entry.get("size") is not None and st.st_size != entry["size"]:
-            final.unlink()  # an older publication's file of the same name: never the one the manifest lists
+        if stat.S_ISDIR(st.st_mode):
+            raise CacheEntryError(f"{final}: a folder where the cache keeps a shard; remove it")
+        if not stat.S_ISREG(st.st_mode):  # a symbolic link (never followed) or a FIFO, device, socket
+            final.unlink()
+            return False
+        if not self._is_entry(final, st, entry):
+            final.unlink()  # an older publication's file of the same name, or one planted: never served
             return False
         return True
+
+    @staticmethod
+    def _is_entry(final: Path, st: os.stat_result, entry: dict[str, Any]) -> bool:
+        if entry.get("size") is not None and st.st_size != entry["size"]:
+            return False
+        if entry.get("tag") is not None:  # a single file at a URL: the object's identity at download
+            try:
+                return _tag_file(final).read_text("utf-8") == entry["tag"]
+            except (OSError, UnicodeDecodeError):
+                return False
+        if entry.get("header_crc32") is None:
+            return True
+        try:
+            ds = tbl_format.open(final)  # header and table checksums; the file is regular (lstat above)
+        except (tbl_format.FormatError, OSError):
+            return False
+        try:
+            got = ds.shard_entries[0]
+            return got["header_crc32"] == entry["header_crc32"] and got["rows"] == entry["rows"]
+        finally:
+            ds.close()
 
     @staticmethod
     def _remove_temporaries(final: Path) -> None:
@@ -234,6 +294,14 @@ class ShardCache:
                     self.downloads += 1
                 problem = self._check(tmp, entry, verify_data)
                 if not problem:
+                    if entry.get("tag") is not None:  # written first: a shard in place always has its tag
+                        tag = _tag_file(final)
+                        tag_tmp = tag.with_name(f"{tag.name}{_TMP_MARK}{secrets.token_hex(4)}")
+                        try:
+                            self._write_file(tag_tmp, entry["tag"].encode("utf-8"))
+                            os.replace(tag_tmp, tag)
+                        finally:
+                            tag_tmp.unlink(missing_ok=True)
                     os.replace(tmp, final)
                     return
             finally:

@@ -41,7 +41,7 @@ import numpy as np
 
 import tbl_format
 
-from ..errors import CacheFullError, ShardNotMappedError
+from ..errors import CacheFullError, RemoteChecksumError, ShardNotMappedError
 from .cache import ShardCache
 from .fetcher import Fetcher, shards_in_read_order
 from .storage import open_store, redact
@@ -79,7 +79,8 @@ class RemoteDataset:
         self.store = open_store(base, storage_options)
         self.local_dir = self.cache.dataset_dir(url, storage_options)
         if single:
-            entry = {"file": name, "rows": None, "header_crc32": None, "size": self.store.size(name)}
+            head = self.store.head(name)  # no manifest: the object's ETag is its identity in the cache
+            entry = {"file": name, "rows": None, "header_crc32": None, "size": head["size"], "tag": head["tag"]}
             self.cache.store_manifest(self.local_dir, _file_list(name), name=".tbl-cache-files.json")
             path = self.cache.fetch(self.store, self.local_dir, entry, verify_data=self.verify_data)
             self._meta = tbl_format.open(path)
@@ -288,14 +289,62 @@ class RemoteDataset:
         docstring. Its arrays are never read for samples."""
         return _Layout(self)
 
-    def verify_rows(self, rows: list[int], leaves: list[str] | None = None) -> None:
-        """``tbl_format.Dataset.verify_rows`` shard by shard (the shards are mapped first)."""
+    def verify_rows(self, rows: list[int], leaves: list[str] | None = None, *, heal: bool = True) -> None:
+        """``tbl_format.Dataset.verify_rows`` shard by shard (the shards are mapped first).
+
+        A block that fails is the cached copy's fault until shown otherwise: the shard is evicted and
+        downloaded again with every block checked (``ShardCache.refetch``; RemoteChecksumError naming the
+        URL when the store's copy fails too), then, with ``heal``, mapped anew and checked again. Without
+        ``heal`` (another reader may hold the old file mapped) RemoteChecksumError is raised after the
+        download: the next open reads the new copy."""
         ids = np.asarray(rows, dtype=np.int64)
         shards = self.shard_of(ids)
         with self._lock:
             for k in np.unique(shards).tolist():
                 local = (ids[shards == k] - self._starts[k]).tolist()
-                self._map(int(k)).verify_rows(local, leaves)
+                try:
+                    self._map(int(k)).verify_rows(local, leaves)
+                except tbl_format.DataChecksumError as exc:
+                    self._unmap(int(k))
+                    self.refetch(int(k), exc)
+                    if not heal:
+                        raise self._refetched(int(k), exc) from None
+                    self._map(int(k)).verify_rows(local, leaves)
+
+    def refetch(self, k: int, exc: tbl_format.DataChecksumError) -> None:
+        """Shard ``k``'s cached copy failed a data check (``exc``): evict it and download it again, checked."""
+        self.cache.refetch(self.store, self.local_dir, self._entries[k])
+
+    def _refetched(self, k: int, exc: tbl_format.DataChecksumError) -> RemoteChecksumError:
+        return RemoteChecksumError(
+            f"{self.store.where(self._entries[k]['file'])}: the cached copy failed a data check "
+            f"({' '.join(str(exc).split())}); the shard was downloaded again, checked, and replaces it: "
+            "open the dataset again to read the new copy")
+
+    def evicting(self, verify: Any) -> Any:
+        """``verify`` (a lazy check by another reader of this cache: the streaming dataset of heap rows) with a
+        failed block's shard evicted and downloaded again, checked, before RemoteChecksumError is raised: that
+        reader may hold the old file mapped, so this run stops, and the next open reads the new copy."""
+
+        def check(rows: list[int], leaves: list[str] | None = None) -> None:
+            try:
+                verify(rows, leaves)
+            except tbl_format.DataChecksumError as exc:
+                k = int(self.shard_of(np.asarray(exc.rows[:1] or rows[:1]))[0])
+                self.refetch(k, exc)
+                raise self._refetched(k, exc) from None
+
+        return check
+
+    def _unmap(self, k: int) -> None:
+        """Forget shard ``k``'s map and the column views made of it (views a caller holds keep it alive)."""
+        for leaf in self._meta.leaf_paths:
+            self._columns.pop((k, leaf), None)
+        self._whole.clear()
+        self._prepared = []
+        shard = self._mapped.pop(k, None)
+        if shard is not None:
+            shard.close()
 
     def ensure_all(self) -> Path:
         """Download every shard into the cache; the local dataset path (the folder, or the one file).

@@ -253,6 +253,18 @@ class Store:
         except Exception as exc:
             raise _translate(exc, self.where(name)) from None
 
+    def head(self, name: str) -> dict[str, Any]:
+        """Object ``name``'s ``size`` and ``tag``: its identity as the store reports it (the ETag, else the
+        version, else the modification time), which changes when the object is written again."""
+        if _runtime_inherited():
+            return self._forked("head", name)
+        try:
+            meta = self._ob.head(self._store, name)
+        except Exception as exc:
+            raise _translate(exc, self.where(name)) from None
+        tag = meta.get("e_tag") or meta.get("version") or str(meta.get("last_modified"))
+        return {"size": int(meta["size"]), "tag": str(tag)}
+
     def download(self, name: str, out: BinaryIO) -> int:
         """Stream object ``name`` into the open binary file ``out``; returns the bytes written.
 
