@@ -29,6 +29,7 @@ stream does not depend on batch size, prefetch depth or thread count.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from ..errors import ImageGeometryError, JpegDecodeError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.shared_loop import shared_loop
+from ..host.stats import StageStats
 from ..stream import order
 from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
@@ -171,7 +173,8 @@ class VariableImageSource:
 
     def __init__(self, dataset: Any, columns: VariableColumns, spec: ImageSpec, seed: int,
                  verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None,
-                 jpeg_dct: str = "accurate") -> None:
+                 jpeg_dct: str = "accurate", stats: StageStats | None = None) -> None:
+        self.stats = stats if stats is not None else StageStats()  # read and decode time, decoded rows
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
             self._check_decoder()  # JpegDecoderUnavailableError now, not at the first batch
@@ -242,7 +245,10 @@ class VariableImageSource:
             self.verify_rows(rows, self.verified_leaves)  # before any byte of these rows is read
         boxes = self.boxes(plan.epoch, ids)
         flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
-        return boxes, flip, self.dataset.values(self.image_key, rows)
+        t0 = time.perf_counter()
+        values = self.dataset.values(self.image_key, rows)  # a URL's shards are fetched here
+        self.stats.read_s += time.perf_counter() - t0
+        return boxes, flip, values
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids
@@ -251,7 +257,10 @@ class VariableImageSource:
         if self.columns.store == "raw":
             images = self._raw_views(values, ids)
         else:
+            t0 = time.perf_counter()
             images, boxes = self._decode(values, ids, boxes)
+            self.stats.decode_s += time.perf_counter() - t0
+            self.stats.decoded_rows += n
         out = buffers["images"][:n]
         kernel = self.kernels.resize_crop_images if self.windows else self.kernels.crop_resize_images
         kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)

@@ -23,6 +23,7 @@ import tbl_format
 
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
+from ..host.stats import StageStats
 from ..source.storage import is_url
 from ..source.verify import verify_mode
 from ..stream.cursor import StreamCursor, StreamOptions
@@ -119,11 +120,14 @@ class PyTreeLoader(HostLoader):
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
+        counters = None  # the shard cache's lookups (a URL's)
         if is_url(path):  # streamed through the local shard cache: each batch maps the shards it reads
+            from ..source.cache import CacheCounters
             from ..source.remote import open_streaming
 
+            counters = CacheCounters()
             dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                     storage_options=storage_options, verify_data=verify == "open")
+                                     storage_options=storage_options, verify_data=verify == "open", counters=counters)
             source = RowSource(None, dataset=dataset, own_dataset=True, max_open=min(max_open, dataset.max_open))
         else:
             source = RowSource(path, max_open=max_open, verify=verify == "open")
@@ -136,7 +140,8 @@ class PyTreeLoader(HostLoader):
                                   rows=subset, shard_rows=source.dataset.segment_rows)
             pipeline = HostPipeline(_PyTreeSource(source, collator, verify_lazily=verify == "lazy"), output,
                                     capacity=options.batch_size,
-                                    prefetch=prefetch, closers=[source.close])
+                                    prefetch=prefetch, closers=[source.close],
+                                    stats=StageStats(prefetch=prefetch, cache=counters))
         except BaseException:
             source.close()
             raise
