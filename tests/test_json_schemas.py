@@ -108,8 +108,32 @@ def test_inspect_json(dataset, capsys):
     assert (doc["rows"], doc["files"], doc["shard_rows"]) == (24, 3, [10, 10, 4])
     assert [leaf["path"] for leaf in doc["leaves"]] == ["image", "label"]
     assert doc["leaves"][0]["shape"] == [8, 8, 3] and doc["leaves"][0]["dtype"] == "uint8"
+    assert doc["statistics"] == {"label": {"distinct": 3, "histogram": [[0, 8], [1, 8], [2, 8]]}}
     bad = dict(doc, rows="24")
     assert _problems(bad, json.loads((SCHEMAS / "tbl.inspect-1.json").read_text())) != []  # the check can fail
+
+
+def test_inspect_statistics_of_variable_images(tmp_path, capsys):
+    schema = tbl_format.Schema({"image": tbl_format.Leaf("var_array", dtype="uint8", ndim=3),
+                                "height": tbl_format.Leaf("int"), "width": tbl_format.Leaf("int"),
+                                "label": tbl_format.Leaf("int")})
+    sizes = [(10, 20), (10, 20), (30, 5), (10, 20), (7, 7)]
+    with tbl_format.Writer(tmp_path / "var.tbl", schema) as w:
+        for i, (h, wd) in enumerate(sizes):
+            w.write({"image": np.zeros((h, wd, 3), np.uint8), "height": h, "width": wd, "label": 4 * (i % 2)})
+    assert tbl_main(["inspect", str(tmp_path / "var.tbl"), "--json"]) == 0
+    doc = _stdout_json(capsys)
+    check(doc, "tbl.inspect-1")
+    hs, ws = [h for h, _ in sizes], [wd for _, wd in sizes]
+    assert doc["statistics"] == {
+        "label": {"distinct": 2, "histogram": [[0, 3], [4, 2]]},
+        "image_size": {"height": {"min": min(hs), "max": max(hs), "mean": sum(hs) / 5},
+                       "width": {"min": min(ws), "max": max(ws), "mean": sum(ws) / 5},
+                       "distinct": 3, "most_common": [[10, 20, 3], [30, 5, 1], [7, 7, 1]]}}
+    assert tbl_main(["inspect", str(tmp_path / "var.tbl")]) == 0
+    text = capsys.readouterr().out
+    assert "labels:    0: 3, 4: 2" in text
+    assert "sizes:     height 7..30 (mean 13.4), width 5..20 (mean 14.4); 3 distinct HxW, most common 10x20 (3)" in text
 
 
 def test_verify_json_ok_not_a_dataset_corrupt_unreadable(dataset, tmp_path, capsys):

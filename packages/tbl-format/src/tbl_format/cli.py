@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from importlib.metadata import distributions, entry_points
 from typing import Any, TextIO
 
@@ -155,6 +156,66 @@ def _leaf_json(path: str, leaf: Any, column: dict[str, Any]) -> dict[str, Any]:
             "compression": column.get("compression")}
 
 
+HISTOGRAM_SHOWN = 10  # labels listed one by one in the text output; more are summarized
+
+
+def _int_column(ds: Any, leaf_path: str) -> list[int] | None:
+    """Every row of an int leaf that every row holds (a list), or None when there is no such leaf."""
+    leaf = ds.schema.leaves.get(leaf_path)
+    if leaf is None or leaf.kind != "int" or leaf.optional:
+        return None
+    values: list[int] = []
+    for segment in ds.segments(leaf_path):  # numpy arrays, or memoryviews without numpy: both have tolist()
+        values += segment.tolist()
+    return values
+
+
+def _spread(values: list[int]) -> dict[str, Any]:
+    return {"min": min(values), "max": max(values), "mean": sum(values) / len(values)}
+
+
+def column_statistics(ds: Any) -> dict[str, Any]:
+    """Statistics of the small columns that describe a dataset: the label histogram (an int ``label`` leaf)
+    and, for images of variable size (``height`` / ``width`` int leaves), their size distribution."""
+    stats: dict[str, Any] = {}
+    labels = _int_column(ds, "label")
+    if labels:
+        counts = Counter(labels)
+        stats["label"] = {"distinct": len(counts),
+                          "histogram": [[label, n] for label, n in sorted(counts.items())]}
+    heights, widths = _int_column(ds, "height"), _int_column(ds, "width")
+    if heights and widths:
+        sizes = Counter(zip(heights, widths, strict=True))
+        stats["image_size"] = {"height": _spread(heights), "width": _spread(widths), "distinct": len(sizes),
+                               "most_common": [[h, w, n] for (h, w), n in sizes.most_common(5)]}
+    return stats
+
+
+def _statistics_lines(stats: dict[str, Any], metadata: dict[str, Any]) -> list[str]:
+    lines = []
+    label = stats.get("label")
+    if label:
+        classes = metadata.get("classes") if isinstance(metadata.get("classes"), list) else []
+
+        def name(k: int) -> str:
+            return f"{k} ({classes[k]})" if 0 <= k < len(classes) else str(k)
+
+        hist = label["histogram"]
+        if len(hist) <= HISTOGRAM_SHOWN:
+            lines.append("labels:    " + ", ".join(f"{name(k)}: {n:,}" for k, n in hist))
+        else:
+            low, high = min(hist, key=lambda kn: kn[1]), max(hist, key=lambda kn: kn[1])
+            lines.append(f"labels:    {label['distinct']:,} distinct; rows per label {low[1]:,} ({name(low[0])}) "
+                         f"to {high[1]:,} ({name(high[0])})")
+    size = stats.get("image_size")
+    if size:
+        h, w = size["height"], size["width"]
+        common = ", ".join(f"{ch}x{cw} ({n:,})" for ch, cw, n in size["most_common"][:3])
+        lines.append(f"sizes:     height {h['min']}..{h['max']} (mean {h['mean']:.1f}), width {w['min']}..{w['max']} "
+                     f"(mean {w['mean']:.1f}); {size['distinct']:,} distinct HxW, most common {common}")
+    return lines
+
+
 def inspect_report(ds: Any, path: str) -> dict[str, Any]:
     """What ``tbl inspect --json`` prints for an open dataset (schema ``tbl.inspect/1``, docs/cli-json.md)."""
     shard_rows = ds.segment_rows
@@ -180,6 +241,7 @@ def inspect_report(ds: Any, path: str) -> dict[str, Any]:
         "block_size": info.get("block_size"),
         "leaves": [_leaf_json(p, leaf, columns.get(p, {})) for p, leaf in ds.schema.leaves.items()],
         "metadata": ds.metadata,
+        "statistics": column_statistics(ds),
     }
 
 
@@ -212,6 +274,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if leaf["compression"]:
             extra = f"  {leaf['compression']} ratio {raw / stored if stored else 1.0:.2f}x"
         print(f"  {leaf['path'] or '<root>':<{width}}  {kind:<28} {_fmt_bytes(stored):>10}{extra}", file=out)
+    for line in _statistics_lines(report["statistics"], report["metadata"]):
+        print(line, file=out)
     print(f"metadata:  {json.dumps(report['metadata'], ensure_ascii=False, sort_keys=True)}", file=out)
     return 0
 
@@ -285,8 +349,10 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("inspect", help="schema, rows, bytes per column, compression, metadata",
                        description="Print a dataset's format version, rows, files, leaves (kind, dtype, shape, "
-                                   "stored bytes, compression) and metadata. Reads the headers only: it does not "
-                                   "check data checksums (tbl verify does).",
+                                   "stored bytes, compression), metadata, the label histogram (an int 'label' "
+                                   "leaf) and the image size distribution (int 'height' / 'width' leaves: images "
+                                   "of variable size). Reads the headers and those small columns only: it does "
+                                   "not check data checksums (tbl verify does).",
                        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="a .tbl file, a dataset folder (with manifest.json) or a URL")
     p.add_argument("--json", action="store_true",
