@@ -13,7 +13,7 @@ from tbl_loader import ImageLoader, PyTreeLoader, TokenLoader, write_tokens
 from tbl_loader.host.stats import SCHEMA, STAGES
 
 KEYS = {"schema", "rank", "world_size", "batches", "samples", "batches_produced", "seconds", "decoded_rows",
-        "queue_depth_mean", "prefetch", "cache"}
+        "queue_depth_mean", "prefetch", "timed", "cache"}
 
 
 def _check_shape(stats: dict) -> None:
@@ -158,3 +158,18 @@ def test_pytree_and_token_loaders_count(tmp_path):
         stats = tl.stats()
     _check_shape(stats)
     assert stats["samples"] == windows and stats["batches"] == -(-windows // 2)
+
+
+def test_time_stages_off_keeps_counting(dataset_path):
+    with ImageLoader(dataset_path, 10, backend="numpy") as ld:
+        ld.time_stages(False)
+        list(ld)
+        off = ld.stats()
+        ld.time_stages(True)
+        ld.set_epoch(1)
+        list(ld)
+        on = ld.stats()
+    assert off["timed"] is False and on["timed"] is True
+    assert off["batches"] == 11 and off["samples"] == N_IMAGES
+    assert all(v == 0.0 for v in off["seconds"].values())  # no clock was read
+    assert on["batches"] == 22 and on["seconds"]["consumer_wait"] > 0.0

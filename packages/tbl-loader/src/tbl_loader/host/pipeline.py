@@ -23,7 +23,6 @@ transform on it; the consumer only moves the result to the device. A
 
 from __future__ import annotations
 
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -70,8 +69,8 @@ def _produce(plans: Iterator[BatchPlan], ring: Ring, source: BatchSource, stats:
     """Producer body: acquire a free slot, fill it (and run the user's transform), hand it on.
     References no loader object. ``threaded``: the time this generator stays suspended in ``yield`` is the
     producer thread blocked on a full prefetch queue (without a thread it is the consumer's own time)."""
-    clock = time.perf_counter
     for plan in plans:
+        clock = stats.clock  # read per batch: time_stages() may switch it between batches
         slot = ring.acquire()
         try:
             t0 = clock()
@@ -128,7 +127,8 @@ class _PassIterator:
     def __next__(self) -> Any:
         if self._pass.closed:
             raise StopIteration
-        stats, clock = self._stats, time.perf_counter
+        stats = self._stats
+        clock = stats.clock
         producer = self._pass.producer
         try:
             stats.queue_depth_sum += producer.queued
@@ -275,6 +275,11 @@ class HostLoader(Resumable):
         """This rank's per-stage counters since the loader was made, as a plain dict (schema ``tbl.stats/1``;
         keys: :mod:`tbl_loader.host.stats`)."""
         return self._pipeline.stats.snapshot()
+
+    def time_stages(self, on: bool = True) -> None:
+        """Time every stage (the default) or not: off, ``stats()`` keeps counting batches, samples, rows and
+        cache lookups, and its seconds stay where they were (benchmarks measure what the clocks cost with it)."""
+        self._pipeline.stats.timed = bool(on)
 
     def on_stats(self, callback: Callable[[dict[str, Any]], Any] | None, every: int = 100) -> None:
         """Call ``callback(loader.stats())`` after every ``every``-th batch served, on the training thread

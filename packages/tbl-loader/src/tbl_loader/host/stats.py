@@ -25,6 +25,7 @@ while a batch is in flight may count that batch's read but not yet its fill.
   prefetch queue: the consumer is the slower side), ``consumer_wait`` (the
   consumer blocked in ``next()`` for a batch; with ``prefetch=0`` this is the
   whole production of the batch, made inline);
+- ``timed``: False after ``loader.time_stages(False)``: the seconds stop growing, the counts do not;
 - ``decoded_rows``: JPEG rows decoded at serve time;
 - ``queue_depth_mean``: batches waiting in the prefetch queue when the consumer
   asked for one, averaged over the batches served (near ``prefetch``: the
@@ -38,6 +39,7 @@ while a batch is in flight may count that batch's read but not yet its fill.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +49,10 @@ SCHEMA = "tbl.stats/1"
 
 STAGES = ("read", "decode", "kernel", "transform", "device_copy", "device_transform", "producer_wait",
           "consumer_wait")
+
+def _no_clock() -> float:
+    return 0.0
+
 
 _NO_CACHE = {"hits": 0, "misses": 0, "bytes_downloaded": 0, "download_seconds": 0.0}
 
@@ -60,6 +66,7 @@ class StageStats:
 
     def __init__(self, *, rank: int = 0, world_size: int = 1, prefetch: int = 0, cache: Any = None) -> None:
         self.rank, self.world_size, self.prefetch, self.cache = rank, world_size, prefetch, cache
+        self.clock: Callable[[], float] = time.perf_counter  # what every stage is timed with (see timed)
         # Producer side.
         self.read_s = 0.0
         self.decode_s = 0.0
@@ -86,6 +93,15 @@ class StageStats:
             raise ValueError(f"every must be an int >= 1, got {every!r}")
         self._hook, self._every = callback, every
 
+    @property
+    def timed(self) -> bool:
+        """Whether stages are timed (counts are kept either way)."""
+        return self.clock is time.perf_counter
+
+    @timed.setter
+    def timed(self, on: bool) -> None:
+        self.clock = time.perf_counter if on else _no_clock
+
     def served(self, samples: int) -> None:
         """Consumer thread: one batch of ``samples`` handed out (and the hook called when it is due)."""
         self.batches += 1
@@ -110,5 +126,6 @@ class StageStats:
             "decoded_rows": self.decoded_rows,
             "queue_depth_mean": self.queue_depth_sum / self.batches if self.batches else 0.0,
             "prefetch": self.prefetch,
+            "timed": self.timed,
             "cache": dict(_NO_CACHE) if self.cache is None else self.cache.snapshot(),
         }

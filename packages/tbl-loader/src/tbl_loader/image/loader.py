@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -163,12 +162,12 @@ class _ImageSource:
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
         ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
         n = ids.shape[0]
-        t0 = time.perf_counter()
+        t0 = self.stats.clock()
         self.shards.before_batch(plan.number)
         # Only the columns of this batch's shards are read (a remote source maps them first); rows: the
         # batch's positions in their concatenation.
         found, rows = self.shards.batch_columns(self.leaves, ids)
-        self.stats.read_s += time.perf_counter() - t0
+        self.stats.read_s += self.stats.clock() - t0
         images = found[self.image_key]
         labels = self._label_rows_of(found[self.label_key]) if self.has_labels else None
         if self.verify_rows is not None:

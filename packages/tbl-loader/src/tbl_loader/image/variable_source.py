@@ -29,7 +29,6 @@ stream does not depend on batch size, prefetch depth or thread count.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -245,9 +244,9 @@ class VariableImageSource:
             self.verify_rows(rows, self.verified_leaves)  # before any byte of these rows is read
         boxes = self.boxes(plan.epoch, ids)
         flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
-        t0 = time.perf_counter()
+        t0 = self.stats.clock()
         values = self.dataset.values(self.image_key, rows)  # a URL's shards are fetched here
-        self.stats.read_s += time.perf_counter() - t0
+        self.stats.read_s += self.stats.clock() - t0
         return boxes, flip, values
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:  # payload: variable-size fields
@@ -257,9 +256,9 @@ class VariableImageSource:
         if self.columns.store == "raw":
             images = self._raw_views(values, ids)
         else:
-            t0 = time.perf_counter()
+            t0 = self.stats.clock()
             images, boxes = self._decode(values, ids, boxes)
-            self.stats.decode_s += time.perf_counter() - t0
+            self.stats.decode_s += self.stats.clock() - t0
             self.stats.decoded_rows += n
         out = buffers["images"][:n]
         kernel = self.kernels.resize_crop_images if self.windows else self.kernels.crop_resize_images
