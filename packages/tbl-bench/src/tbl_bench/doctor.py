@@ -1,7 +1,7 @@
 """`tbl doctor DATASET`: run the loader you would run, beside this machine's ceilings, and name what bounds it.
 
     tbl doctor DATASET [--batch-size B] [--image-size S] [--threads T] [--dtype D] [--prefetch P]
-               [--seconds N] [--cache-dir DIR] [--cache-limit BYTES] [--json] [--quiet]
+               [--shuffle global|block|none] [--seconds N] [--cache-dir DIR] [--cache-limit BYTES] [--json] [--quiet]
 
 The loader runs for ``--seconds`` (after two warm-up batches) with its
 per-stage counters (``loader.stats()``); in the same run the doctor measures
@@ -48,11 +48,20 @@ PRODUCER_STAGES = ("read", "decode", "kernel", "transform")
 CONSUMER_STAGES = ("consumer", "device_copy")
 WARMUP_BATCHES = 2
 DECODE_SAMPLE = 64  # JPEG rows decoded for the all-core decode ceiling
-READ_SAMPLE = 256 << 20  # bytes of the dataset's files read for the read ceiling
+READ_SAMPLE = 256 << 20
+SHUFFLES = {"global": True, "block": "block", "none": False}  # --shuffle -> the loaders' shuffle  # bytes of the dataset's files read for the read ceiling
 
 
 class DoctorError(ValueError):
-    """The dataset or an option cannot be measured (the message names the flag or the path)."""
+    """The dataset or an option cannot be measured. ``argument``: the keyword argument at fault (the command line
+    names its flag instead), or None when the message names the path."""
+
+    def __init__(self, problem: str, argument: str | None = None) -> None:
+        super().__init__(problem if argument is None else f"{argument} {problem}")
+        self.problem, self.argument = problem, argument
+
+    def for_cli(self) -> str:
+        return str(self) if self.argument is None else f"--{self.argument.replace('_', '-')} {self.problem}"
 
 
 def _cores() -> int:
@@ -84,17 +93,19 @@ def _describe(path: str, remote: bool, cache_dir: Any, cache_limit: Any) -> dict
 
 
 def _make_loader(path: str, storage: str, *, batch_size: int, image_size: int | None, threads: int | None,
-                 dtype: str, prefetch: int, transform: Any, remote: dict[str, Any]) -> Any:
+                 dtype: str, prefetch: int, shuffle: Any, transform: Any, remote: dict[str, Any]) -> Any:
     from tbl_loader import ImageLoader, PyTreeLoader, RandomResizedCrop
 
     if storage == "pytree":
         if image_size is not None or transform is not None or threads is not None:
-            raise DoctorError("--image-size, --threads and a transform apply to image datasets only")
-        return PyTreeLoader(path, batch_size, prefetch=prefetch, **remote)
+            given = [name for name, value in (("image_size", image_size), ("threads", threads),
+                                              ("transform", transform)) if value is not None]
+            raise DoctorError("applies to image datasets only (this one has no 'image' leaf)", given[0])
+        return PyTreeLoader(path, batch_size, shuffle=shuffle, prefetch=prefetch, **remote)
     size = image_size if image_size is not None else (None if storage == "fixed" else 224)
     crop = RandomResizedCrop(size) if size is not None else None
-    return ImageLoader(path, batch_size, random_resized_crop=crop, hflip=0.5, dtype=dtype, num_threads=threads,
-                       prefetch=prefetch, transform=transform, **remote)
+    return ImageLoader(path, batch_size, shuffle=shuffle, random_resized_crop=crop, hflip=0.5, dtype=dtype,
+                       num_threads=threads, prefetch=prefetch, transform=transform, **remote)
 
 
 def _touch(batch: Any) -> None:
@@ -223,14 +234,14 @@ def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: i
             if decode_ceiling is not None:
                 scaling = min(scaling, decode_ceiling["rows_per_s"] / decode_ceiling["one_thread_rows_per_s"])
             scaling = max(scaling, 1.0)  # the kernel pass runs on the same threads: it scales alike
-            out.append({"change": f"raise --threads / num_threads from {threads} to {cores} (the cores here)",
+            out.append({"change": f"use {cores} loader threads instead of {threads} (one per core here)",
                         "predicted_batches_per_s": predicted(decode=per_batch["decode"] / scaling,
                                                              kernel=per_batch["kernel"] / scaling)})
         out.append({"change": "store decoded pixels: tbl convert --max-size N --store raw (or --size S), "
                               "no decode when serving", "predicted_batches_per_s": predicted(decode=0.0)})
     elif bound == "kernel":
         if threads < cores:
-            out.append({"change": f"raise --threads / num_threads from {threads} to {cores} (the cores here)",
+            out.append({"change": f"use {cores} loader threads instead of {threads} (one per core here)",
                         "predicted_batches_per_s": predicted(kernel=per_batch["kernel"] * threads / cores)})
         out.append({"change": "serve dtype uint8 (normalize on the GPU) or a smaller output size",
                     "predicted_batches_per_s": None})
@@ -256,14 +267,14 @@ def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: i
 
 
 def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, threads: int | None = None,
-             dtype: str = "float32", prefetch: int = 2, seconds: float = 5.0, transform: Any = None,
+             dtype: str = "float32", prefetch: int = 2, shuffle: Any = True, seconds: float = 5.0, transform: Any = None,
              consume: Any = None, cache_dir: Any = None, cache_limit: Any = None,
              progress: bool = False) -> dict[str, Any]:
     """Measure ``path``'s loader and this machine's ceilings in one run; the report (schema ``tbl.doctor/1``).
 
     Args:
         path: a ``.tbl`` file, a dataset folder or a URL.
-        batch_size, image_size, threads, dtype, prefetch: the loader's settings (``image_size``: the
+        batch_size, image_size, threads, dtype, prefetch, shuffle: the loader's settings (``image_size``: the
             random-resized-crop output side; default the stored size, 224 for variable-size images).
         seconds: how long the loader is measured (after two warm-up batches).
         transform: the user's ``transform`` (image datasets), run as the loader would.
@@ -274,9 +285,11 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     from tbl_loader.source import is_url
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise DoctorError(f"--batch-size must be an int >= 1, got {batch_size!r}")
+        raise DoctorError(f"must be an int >= 1, got {batch_size!r}", "batch_size")
     if not seconds > 0:
-        raise DoctorError(f"--seconds must be > 0, got {seconds!r}")
+        raise DoctorError(f"must be > 0, got {seconds!r}", "seconds")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise DoctorError(f"must be an int >= 1 or None, got {threads!r}", "threads")
     path = str(path)
     remote = is_url(path)
     remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit} if remote else {}
@@ -284,7 +297,7 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     storage = info["storage"]
     cores = _cores()
     loader = _make_loader(path, storage, batch_size=batch_size, image_size=image_size, threads=threads, dtype=dtype,
-                          prefetch=prefetch, transform=transform, remote=remote_options)
+                          prefetch=prefetch, shuffle=shuffle, transform=transform, remote=remote_options)
     try:
         delta, wall, out_bytes = _run_loader(loader, seconds, consume or _touch, progress)
     finally:
@@ -330,7 +343,7 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
         "dataset": path,
         "loader": {"kind": "pytree" if storage == "pytree" else "image", "storage": storage,
                    "batch_size": batch_size, "image_size": image_size, "threads": used_threads, "dtype": dtype,
-                   "prefetch": prefetch, "transform": transform is not None},
+                   "prefetch": prefetch, "shuffle": shuffle, "transform": transform is not None},
         "machine": {"cores": cores},
         "measured": {"seconds": wall, "batches": delta["batches"], "batches_per_s": measured,
                      "samples_per_s": delta["samples"] / wall, "cache": delta["cache"]},
@@ -381,6 +394,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "uint8"),
                    help="output dtype (default float32)")
     p.add_argument("--prefetch", type=int, default=2, metavar="P", help="batches prepared ahead (default 2)")
+    p.add_argument("--shuffle", choices=tuple(SHUFFLES), default="global",
+                   help="global (default), block (shards, then samples within a window) or none")
     p.add_argument("--seconds", type=float, default=5.0, metavar="N", help="how long to measure (default 5)")
     p.add_argument("--cache-dir", default=None, metavar="DIR", help="shard cache of a URL")
     p.add_argument("--cache-limit", default=None, metavar="BYTES", help="shard cache size, e.g. 50GB")
@@ -391,9 +406,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         report = diagnose(args.dataset, batch_size=args.batch_size, image_size=args.image_size,
-                          threads=args.threads, dtype=args.dtype, prefetch=args.prefetch, seconds=args.seconds,
+                          threads=args.threads, dtype=args.dtype, prefetch=args.prefetch,
+                          shuffle=SHUFFLES[args.shuffle], seconds=args.seconds,
                           cache_dir=args.cache_dir, cache_limit=args.cache_limit, progress=not args.quiet)
-    except (DoctorError, tbl_format.FormatError, OSError, ValueError, TypeError) as exc:
+    except DoctorError as exc:
+        print(f"tbl doctor: {args.dataset}: {exc.for_cli()}", file=sys.stderr)
+        return 2
+    except (tbl_format.FormatError, OSError, ValueError, TypeError) as exc:
         print(f"tbl doctor: {args.dataset}: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else render(report))
