@@ -74,7 +74,7 @@ def _cores() -> int:
 def _describe(path: str, remote: bool, cache_dir: Any, cache_limit: Any) -> dict[str, Any]:
     """The dataset's storage (``fixed``, ``raw``, ``jpeg`` or ``pytree``), rows, stored bytes and local files."""
     if remote:
-        from tbl_loader.source.remote import open_remote  # the manifest only (a single file: downloaded)
+        from tbl_loader.source import open_remote  # the manifest only (a single file: downloaded)
 
         with open_remote(path, cache_dir=cache_dir, cache_limit=cache_limit) as ds:
             leaf, rows = ds.schema.leaves.get("image"), len(ds)
