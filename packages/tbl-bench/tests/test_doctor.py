@@ -110,7 +110,7 @@ def test_registers_the_doctor_subcommand():
     assert callable(args.func)
 
 
-def test_a_url_with_a_one_shard_cache_counts_its_downloads(tmp_path):
+def test_a_url_with_a_one_shard_cache_is_bound_by_read(tmp_path):
     """A URL (a file:// store) read in order through a cache that holds one shard of eight: every batch downloads
     its shard, and the report carries what the measured run downloaded and the download speed it got."""
     pytest.importorskip("obstore", reason="the remote extra (tbl-loader[remote]) is not installed")
@@ -131,4 +131,6 @@ def test_a_url_with_a_one_shard_cache_counts_its_downloads(tmp_path):
     assert cache["misses"] >= downloads
     assert cache["bytes_downloaded"] >= downloads * min(f.stat().st_size for f in local.glob("*.tbl"))
     assert report["ceilings"]["read"]["what"] == "download"
+    assert report["bound"] == "read"  # a download, fsync and map a batch: several times the kernel's work
+    assert "cache_limit" in report["advice"][0]["change"]
     assert report["ceilings"]["read"]["bytes_per_s"] == cache["bytes_downloaded"] / cache["download_seconds"]
