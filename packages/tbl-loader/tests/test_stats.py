@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import N_IMAGES, write_dataset
+from conftest import N_IMAGES
 
 import tbl_format
 from tbl_loader import ImageLoader, PyTreeLoader, TokenLoader, write_tokens

@@ -36,8 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import tbl_format
 from tbl_bench.fingerprint import memory_copy_bandwidth
 
