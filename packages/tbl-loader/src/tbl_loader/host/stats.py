@@ -26,7 +26,8 @@ while a batch is in flight may count that batch's read but not yet its fill.
   consumer blocked in ``next()`` for a batch; with ``prefetch=0`` this is the
   whole production of the batch, made inline);
 - ``timed``: False after ``loader.time_stages(False)``: the seconds stop growing, the counts do not;
-- ``decoded_rows``: JPEG rows decoded at serve time;
+- ``decoded_rows``: JPEG rows decoded at serve time (on the GPU with ``decode_device="cuda"``, whose decode
+  runs asynchronously and is not counted in ``seconds``);
 - ``queue_depth_mean``: batches waiting in the prefetch queue when the consumer
   asked for one, averaged over the batches served (near ``prefetch``: the
   producer keeps ahead; near 0: the consumer waits for it);
