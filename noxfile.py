@@ -33,7 +33,8 @@ ROOT = Path(__file__).parent
 PKG = ROOT / "packages"
 # The one torch requirement of every session; TBL_TORCH_SPEC overrides it (see the docstring).
 TORCH = os.environ.get("TBL_TORCH_SPEC", "torch==2.13.0")
-TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"]
+# jsonschema: tests/test_json_schemas.py validates every --json output with it (a smaller built-in check without it).
+TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "jsonschema>=4"]
 # Test processes per pytest run (pytest-xdist's -n): one per core by default; TBL_TEST_WORKERS=0 runs in-process.
 TEST_WORKERS = os.environ.get("TBL_TEST_WORKERS", "auto")
 REMOTE_TEST_DEPS = ["moto[server]>=5"]  # the loopback S3 server of tbl-loader's remote tests

@@ -94,6 +94,10 @@ class ManifestError(FormatError):
     """A dataset directory's manifest is missing, not JSON, or has a missing or mistyped field."""
 
 
+class NotADatasetError(ManifestError):
+    """A directory read as a dataset has no manifest: it is not a TBL dataset (nothing in it was read)."""
+
+
 class ManifestMismatchError(FormatError):
     """A shard file disagrees with the manifest (rows, schema or header checksum)."""
 
@@ -190,6 +194,7 @@ __all__ = [
     "ManifestMismatchError",
     "MetadataError",
     "MissingShardError",
+    "NotADatasetError",
     "NotRegularFileError",
     "OffsetsError",
     "RegionAlignmentError",

@@ -21,6 +21,7 @@ from .errors import (
     FormatError,
     InvalidSchemaError,
     ManifestError,
+    NotADatasetError,
     SchemaMismatchError,
     UnsupportedVersionError,
 )
@@ -115,7 +116,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         raw, st = read_regular(path, "manifest", MANIFEST_CAP)
     except FileNotFoundError:
-        raise ManifestError(f"{directory}: no {MANIFEST_NAME}; a directory without a manifest is not a dataset") from None
+        raise NotADatasetError(f"{directory}: no {MANIFEST_NAME}; a directory without a manifest is not a dataset") from None
     except ValueError as exc:
         raise ManifestError(str(exc)) from None
     try:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import signal
 import sys
@@ -48,6 +49,7 @@ from .source.storage import is_url, redact
 __all__ = ["register_convert", "run_convert"]
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_REFUSED, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143
+CONVERT_SCHEMA = "tbl.convert/1"  # --json: the report file's fields plus "schema" (docs/cli-json.md)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 EPILOG = """\
@@ -90,6 +92,8 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--label-file", default=None, help="CSV/TSV of name,label for a flat TAR or folder")
     p.add_argument("--report", default=None, help="JSON report path (default: DST.report.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print the summary only on failures")
+    p.add_argument("--json", action="store_true",
+                   help=f"print the report as one JSON object on stdout (schema {CONVERT_SCHEMA!r}, docs/cli-json.md)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing dataset at DST (only its own TBL shard files are removed)")
     p.add_argument("--max-image-bytes", type=_byte_count, default=None, metavar="N",
@@ -259,6 +263,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _outcome(args: argparse.Namespace, rep: Any) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({"schema": CONVERT_SCHEMA, **rep.to_json()}))
     incomplete = bool(rep.failed or rep.skipped or rep.report_error)
     if not args.quiet or incomplete:
         print(rep.summary(), file=sys.stderr)

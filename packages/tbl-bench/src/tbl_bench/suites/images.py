@@ -100,7 +100,7 @@ def _crop_spec(size: int):
 class _TblServe:
     def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device,
                  verify: str = "never", reopen: bool = False, dtype: str = "float32",
-                 fields: bool = False, jpeg_dct: str = "accurate"):
+                 fields: bool = False, jpeg_dct: str = "accurate", stage_timing: bool = True):
         ImageLoader = _image_loader()
         if aug not in AUGMENTATIONS:
             raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
@@ -125,11 +125,17 @@ class _TblServe:
             kwargs["jpeg_dct"] = jpeg_dct
         # reopen: a new loader (fresh maps, nothing verified yet) every epoch, so each timed epoch
         # pays what a first epoch pays.
-        self.open_loader = lambda: ImageLoader(path, batch_size, shuffle=True, seed=seed, num_threads=threads,
-                                               **kwargs)
+        def open_loader():
+            loader = ImageLoader(path, batch_size, shuffle=True, seed=seed, num_threads=threads, **kwargs)
+            if not stage_timing:  # the per-stage clocks off: what leaving them on costs (loader.stats())
+                loader.time_stages(False)
+            return loader
+
+        self.open_loader = open_loader
         self.reopen = reopen
         self.loader = self.open_loader()
         self.info = {"num_threads": threads, "device": device, "verify": verify, "reopen": reopen, "dtype": dtype,
+                     "stage_timing": stage_timing,
                      **({"jpeg_dct": jpeg_dct} if jpeg_dct != "accurate" else {})}
 
     def run_epoch(self, epoch: int) -> int:
@@ -151,15 +157,16 @@ class _TblServe:
 
 def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None,
               verify: str = "never", reopen: bool = False, dtype: str = "float32",
-              fields: bool = False, jpeg_dct: str = "accurate"):
+              fields: bool = False, jpeg_dct: str = "accurate", stage_timing: bool = True):
     """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
 
     `size` is the output size of the crop configuration; plain and flip serve the stored size.
     `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost);
     `dtype` the output dtype; `fields` serves FIELDS beside the images (a dataset written by
-    `write_fields_dataset`); `jpeg_dct` the IDCT of JPEG storage ("accurate" or "fast")."""
+    `write_fields_dataset`); `jpeg_dct` the IDCT of JPEG storage ("accurate" or "fast"); `stage_timing=False`
+    turns the loader's per-stage clocks off (`loader.time_stages(False)`), to measure what they cost."""
     return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen, dtype, fields,
-                     jpeg_dct)
+                     jpeg_dct, stage_timing)
 
 
 FIELDS = ("orig_size", "score", "path")
@@ -264,8 +271,10 @@ def configurations(ctx: BenchContext) -> list[Config]:
             if aug == "plain" and level == "consume":
                 # The cost of verify="lazy": steady state (blocks checked in the warm-up epoch), and a
                 # first epoch (a new loader every epoch), each next to "never" measured the same way.
+                # The cost of the per-stage clocks (loader.stats()): the same loader with them off.
                 for suffix, extra in (("verify-lazy", {"verify": "lazy"}), ("reopen", {"reopen": True}),
-                                      ("reopen-verify-lazy", {"verify": "lazy", "reopen": True})):
+                                      ("reopen-verify-lazy", {"verify": "lazy", "reopen": True}),
+                                      ("stats-off", {"stage_timing": False})):
                     configs.append(cfg(f"tbl/{level}/{aug}/{size}/{suffix}", "tbl",
                                        "tbl_bench.suites.images:tbl_serve",
                                        {"path": path, "batch_size": s.batch_size, "aug": aug, "level": level,

@@ -139,6 +139,10 @@ def configurations(ctx: BenchContext) -> list[Config]:
         configs.append(Config(NAME, name, "tbl", "tbl_bench.suites.images:tbl_serve",
                               {"path": path, "threads": THREADS, **crop},
                               skip=skip, **timing))
+        # The cost of the per-stage clocks (loader.stats()): the same loader with them off.
+        configs.append(Config(NAME, f"{name}/stats-off", "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, "stage_timing": False, **crop},
+                              skip=skip, **timing))
     for name, (storage, jpeg_dct) in TBL_JPEG_DCT.items():
         path, skip = files[storage]
         configs.append(Config(NAME, name, "tbl", "tbl_bench.suites.images:tbl_serve",

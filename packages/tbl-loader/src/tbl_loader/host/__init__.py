@@ -3,7 +3,8 @@
 For loader authors: a :class:`BatchSource` fills one ring slot per batch that a
 :class:`~tbl_loader.stream.StreamCursor` plans; :class:`HostPipeline` runs it
 ahead on a producer thread through a :class:`~tbl_loader.host.ring.Ring` of
-:class:`HostArray` buffers; :class:`HostLoader` is the iterable users hold.
+:class:`HostArray` buffers; :class:`HostLoader` is the iterable users hold; :class:`StageStats` counts
+each stage's time for ``loader.stats()``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostLoader, HostPipeline, refuse_dataloader_workers
 from .producer import Producer
 from .shared_loop import shared_loop
+from .stats import StageStats
 from .transforms import TransformStage
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "OUTPUT_DTYPES",
     "OutputSpec",
     "Producer",
+    "StageStats",
     "TransformStage",
     "allocate_host",
     "refuse_dataloader_workers",

@@ -38,6 +38,7 @@ from . import producer as producer_module
 from .output import HostArray, OutputSpec
 from .producer import Producer
 from .ring import Ring, Slot
+from .stats import StageStats
 
 __all__ = ["BatchSource", "HostLoader", "HostPipeline", "refuse_dataloader_workers"]
 
@@ -81,20 +82,30 @@ MakeBatch = Callable[[dict[str, Any], Any, BatchPlan], Any]
 """``make_batch(outputs, payload, plan)``: the user's batch from the published buffers and the payload."""
 
 
-def _produce(plans: Iterator[BatchPlan], ring: Ring, source: BatchSource,
-             stage: Any = None) -> Iterator[tuple[BatchPlan, Slot]]:
+def _produce(plans: Iterator[BatchPlan], ring: Ring, source: BatchSource, stats: StageStats,
+             stage: Any = None, threaded: bool = True) -> Iterator[tuple[BatchPlan, Slot]]:
     """Producer body: acquire a free slot, fill it (and run the user's transform), hand it on.
-    References no loader object."""
+    References no loader object. ``threaded``: the time this generator stays suspended in ``yield`` is the
+    producer thread blocked on a full prefetch queue (without a thread it is the consumer's own time)."""
     for plan in plans:
+        clock = stats.clock  # read per batch: time_stages() may switch it between batches
         slot = ring.acquire()
         try:
+            t0 = clock()
             slot.payload = source.fill(slot.kernel, plan)
+            t1 = clock()
+            stats.fill_s += t1 - t0
             if stage is not None:
                 stage.on_producer(slot, plan)
+                stats.transform_s += clock() - t1
         except BaseException:
             slot.release()
             raise
+        stats.batches_produced += 1
+        t0 = clock()
         yield plan, slot
+        if threaded:
+            stats.producer_wait_s += clock() - t0
 
 
 class _Pass:
@@ -119,8 +130,9 @@ class _PassIterator:
     """Iterator of one pass. Dropping it stops the producer (finalizer), so ``break`` is enough."""
 
     def __init__(self, pass_: _Pass, cursor: StreamCursor, output: OutputSpec, make_batch: MakeBatch,
-                 stage: Any = None) -> None:
+                 stats: StageStats, stage: Any = None) -> None:
         self._pass = pass_
+        self._stats = stats
         self._cursor = cursor
         self._output = output
         self._make_batch = make_batch
@@ -133,8 +145,15 @@ class _PassIterator:
     def __next__(self) -> Any:
         if self._pass.closed:
             raise StopIteration
+        stats = self._stats
+        clock = stats.clock
+        producer = self._pass.producer
         try:
-            plan, slot = next(self._pass.producer)
+            stats.queue_depth_sum += producer.queued
+            t0 = clock()
+            plan, slot = next(producer)
+            t1 = clock()
+            stats.consumer_wait_s += t1 - t0
         except BaseException:
             self.close()
             raise
@@ -145,8 +164,11 @@ class _PassIterator:
             else:
                 outputs, payload = self._pass.ring.publish(slot, len(plan.sample_ids), self._output)
                 batch = self._make_batch(outputs, payload, plan)
+            t2 = clock()
+            stats.device_copy_s += t2 - t1
             if stage is not None and stage.device_transform is not None:
                 batch = stage.device_transform(batch)
+                stats.device_transform_s += clock() - t2
         except BaseException:
             slot.release()  # nothing was handed out: the slot is free again
             self.close()
@@ -154,6 +176,7 @@ class _PassIterator:
         self._cursor.advance(plan)
         if plan.last:
             self.close()
+        stats.served(len(plan.sample_ids))
         return batch
 
     def close(self) -> None:
@@ -167,12 +190,14 @@ class HostPipeline:
     prepared ahead on the producer thread (0: no thread, batches are made on
     ``next()``); the ring holds ``prefetch + 2`` slots and grows instead of
     overwriting a batch still referenced. ``closers`` run once at ``close()``.
+    ``stats``: the loader's :class:`~tbl_loader.host.stats.StageStats` (default: new ones).
     Attach it to its cursor with ``cursor.on_jump(pipeline.stop)`` and to its
     loader with ``weakref.finalize(loader, pipeline.close)``; it references neither.
     """
 
     def __init__(self, source: BatchSource, output: OutputSpec, *, capacity: int, prefetch: int,
-                 closers: list[Callable[[], None]] | None = None, stage: Any = None) -> None:
+                 closers: list[Callable[[], None]] | None = None, stage: Any = None,
+                 stats: StageStats | None = None) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         self.source: BatchSource | None = source
@@ -181,6 +206,7 @@ class HostPipeline:
         self.prefetch = prefetch
         self._closers = list(closers or [])
         self.stage = stage  # a tbl_loader.host.transforms.TransformStage, or None
+        self.stats = stats if stats is not None else StageStats(prefetch=prefetch)
         self._active: _Pass | None = None
         self._ring: Ring | None = None
         self.closed = False
@@ -202,13 +228,15 @@ class HostPipeline:
         epoch_order, plans = started
         self.source.begin_pass(epoch_order)  # a source that reads ahead learns the pass's order first
         # The closures capture locals only (never self): the producer thread must not keep the pipeline alive.
-        source, capacity, output, stage = self.source, self.capacity, self.output, self.stage
+        source, capacity, output, stage, stats = self.source, self.capacity, self.output, self.stage, self.stats
         if self._ring is None:
             self._ring = Ring(lambda: source.allocate(capacity, output), size=self.prefetch + 2)
         ring = self._ring
-        producer = Producer(lambda: _produce(plans, ring, source, stage), self.prefetch, name="tbl-loader-producer")
+        threaded = self.prefetch > 0
+        producer = Producer(lambda: _produce(plans, ring, source, stats, stage, threaded), self.prefetch,
+                            name="tbl-loader-producer")
         self._active = _Pass(producer, ring)
-        return _PassIterator(self._active, cursor, output, make_batch, stage)
+        return _PassIterator(self._active, cursor, output, make_batch, stats, stage)
 
     def stop(self) -> bool:
         """Stop the running pass; False if its thread outlived the join timeout."""
@@ -253,6 +281,7 @@ class HostLoader(Resumable):
     def _compose(self, cursor: StreamCursor, pipeline: HostPipeline) -> None:
         self.cursor = cursor
         self._pipeline = pipeline
+        pipeline.stats.rank, pipeline.stats.world_size = cursor.options.rank, cursor.options.world_size
         cursor.on_jump(pipeline.stop)  # a jump ends the running pass
         weakref.finalize(self, pipeline.close)  # collection stops the producer and unmaps
 
@@ -262,6 +291,21 @@ class HostLoader(Resumable):
     def __iter__(self) -> Iterator[Any]:
         refuse_dataloader_workers(self)
         return self._pipeline.run(self.cursor, self._make_batch)
+
+    def stats(self) -> dict[str, Any]:
+        """This rank's per-stage counters since the loader was made, as a plain dict (schema ``tbl.stats/1``;
+        keys: :mod:`tbl_loader.host.stats`)."""
+        return self._pipeline.stats.snapshot()
+
+    def time_stages(self, on: bool = True) -> None:
+        """Time every stage (the default) or not: off, ``stats()`` keeps counting batches, samples, rows and
+        cache lookups, and its seconds stay where they were (benchmarks measure what the clocks cost with it)."""
+        self._pipeline.stats.timed = bool(on)
+
+    def on_stats(self, callback: Callable[[dict[str, Any]], Any] | None, every: int = 100) -> None:
+        """Call ``callback(loader.stats())`` after every ``every``-th batch served, on the training thread
+        (hand the figures to a logger: TensorBoard's ``add_scalars``, Lightning's ``log_dict``); None stops."""
+        self._pipeline.stats.on_stats(callback, every)
 
     def close(self) -> None:
         """Stop the producer, release the buffers, close the dataset if this loader opened it."""

@@ -89,6 +89,9 @@ class _Channel:
     def stopped(self) -> bool:
         return self._stopped
 
+    def __len__(self) -> int:
+        return len(self._items)  # read without the lock: a gauge, not a decision
+
 
 def _run(make_items: Callable[[], Iterator[Any]], channel: _Channel) -> None:
     """Thread body. Holds no reference to the producer object (it may be collected)."""
@@ -174,6 +177,11 @@ class Producer(Generic[T]):
             self.close()
             raise item.error
         return item
+
+    @property
+    def queued(self) -> int:
+        """Items produced and waiting for the consumer (0 without a thread)."""
+        return 0 if self._channel is None else len(self._channel)
 
     @property
     def on_producer_thread(self) -> bool:

@@ -30,6 +30,7 @@ from ..errors import UnsupportedCombinationError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
+from ..host.stats import StageStats
 from ..host.transforms import TransformStage
 from ..source.fetcher import warn_if_shuffle_thrashes
 from ..source.local import LocalShards
@@ -71,11 +72,12 @@ class _ImageSource:
     """Fills ring slots for one ImageLoader. Holds the mapped columns, never the loader."""
 
     def __init__(self, columns: ImageColumns, spec: ImageSpec, seed: int, shards: Any, verify_rows: Any = None,
-                 fields: FieldReader | None = None, batch_size: int = 1) -> None:
+                 fields: FieldReader | None = None, batch_size: int = 1, stats: StageStats | None = None) -> None:
         # shards: the shard source (tbl_loader.source.local.LocalShards, or a RemoteDataset for a URL): a batch
         # reads the columns it hands for the batch's rows. verify_rows(rows, leaves): its lazy block check
         # (verify="lazy"), else None.
         self.shards = shards
+        self.stats = stats if stats is not None else StageStats()  # read time
         self.verify_rows = verify_rows
         self.image_key, self.label_key = spec.image_key, spec.label_key
         self.batch_size = batch_size
@@ -170,6 +172,7 @@ class _ImageSource:
         """Fills the slot; the payload: (the first view's ServedGeometry, the fields' variable-size columns)."""
         ids = plan.sample_ids  # sample ids: what every draw (flip, crop) depends on
         n = ids.shape[0]
+        t0 = self.stats.clock()
         self.shards.before_batch(plan.number)
         if self.verify_rows is not None:
             # Before any byte of these rows is read, and before their columns are taken: a URL's check may
@@ -178,6 +181,7 @@ class _ImageSource:
         # Only the columns of this batch's shards are read (a remote source maps them first); rows: the
         # batch's positions in their concatenation.
         found, rows = self.shards.batch_columns(self.leaves, ids)
+        self.stats.read_s += self.stats.clock() - t0
         images = found[self.image_key]
         labels = self._label_rows_of(found[self.label_key]) if self.has_labels else None
         out = buffers["images"][:n]
@@ -312,13 +316,14 @@ class ImageLoader(HostLoader):
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
 
-        shards, closers = _shard_source(path, verify, cache_dir, cache_limit, storage_options)
+        shards, closers, counters = _shard_source(path, verify, cache_dir, cache_limit, storage_options)
+        stats = StageStats(prefetch=prefetch, cache=counters)
         if is_url(path):
             warn_if_shuffle_thrashes(shuffle, shards.shard_entries, cache_limit, redact(path))
         try:
             bound = bind_source(shards, spec, seed=options.seed, verify=verify, closers=closers, fields=fields,
                                 var=var, jpeg_dct=jpeg_dct, gpu=gpu, num_threads=num_threads,
-                                batch_size=options.batch_size)
+                                batch_size=options.batch_size, stats=stats, counters=counters)
             columns, source = bound.columns, bound.source
             subset = resolve_rows(columns.num_samples, rows, subsample)
             cursor = StreamCursor(columns.num_samples if subset is None else subset.shape[0], options,
@@ -327,7 +332,8 @@ class ImageLoader(HostLoader):
             host_batch = functools.partial(source.batch, backend=output.backend, torch_device=None)
             stage = TransformStage(host_batch, output, transform, device_transform)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch, closers=closers,
-                                    stage=stage if transform is not None or device_transform is not None else None)
+                                    stage=stage if transform is not None or device_transform is not None else None,
+                                    stats=stats)
         except BaseException:
             for close in closers:
                 close()
@@ -367,7 +373,7 @@ class BoundImages:
 
 def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers: list[Any], fields: Any = (),
                 var: str = "list", jpeg_dct: str = "accurate", gpu: Any = None, num_threads: int | None = None,
-                batch_size: int = 1) -> BoundImages:
+                batch_size: int = 1, stats: StageStats | None = None, counters: Any = None) -> BoundImages:
     """The batch source of ``shards`` (a shard source) under ``spec``: fixed-size or variable-size (raw or
     JPEG) images, with their fields. The one place both ImageLoader and ImageDataset make it, so that a
     map-style twin fills its batches exactly as the loader does.
@@ -383,9 +389,11 @@ def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers
         gpu: a `tbl_loader.image.gpu_decode.GpuDecode`, or None to decode on the CPU.
         num_threads: decode threads of JPEG storage (None: the kernels' pool size).
         batch_size: the batches read ahead of a fixed-size source.
+        stats: the loader's stage counters the source adds its read and decode time to (None: its own).
+        counters: the shard cache's counters of a URL (``loader.stats()["cache"]``), or None.
     """
     variable = variable_source.is_variable(shards, spec.image_key)  # tbl convert --max-size
-    heaps = _heap_dataset(shards, verify, closers) if variable else None
+    heaps = _heap_dataset(shards, verify, closers, counters) if variable else None
     if variable:
         columns = variable_source.bind_variable(spec, heaps)
         variable_source.check_jpeg_dct(jpeg_dct, columns)
@@ -406,7 +414,7 @@ def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers
         settings = spec.stream_settings()
     field_paths = _field_paths(fields, spec, columns)
     if field_paths and heaps is None:
-        heaps = _heap_dataset(shards, verify, closers)
+        heaps = _heap_dataset(shards, verify, closers, counters)
     check_geometry_leaves(spec.geometry_fields, field_paths, heaps)
     reader = FieldReader(heaps, field_paths, var) if field_paths else None
     if variable:
@@ -414,14 +422,14 @@ def bind_source(shards: Any, spec: ImageSpec, *, seed: int, verify: str, closers
         if lazy is not None and heaps is not shards.dataset:  # a URL: heaps streams over its cache
             lazy = shards.evicting(lazy)
         make = variable_source.VariableImageSource if gpu is None else gpu.source
-        source = make(heaps, columns, spec, seed, lazy, num_threads, reader, jpeg_dct)
+        source = make(heaps, columns, spec, seed, lazy, num_threads, reader, jpeg_dct, stats=stats)
         closers.insert(0, source.close)  # the decode threads stop before the dataset closes
     else:
         lazy = shards.verify_rows if verify == "lazy" else None
         if lazy is not None and heaps is not None and heaps is not shards.dataset:
             # a URL's fields are read through the streaming dataset, which may map a shard's old copy
             lazy = shards.evicting(functools.partial(shards.verify_rows, heal=False))
-        source = _ImageSource(columns, spec, seed, shards, lazy, reader, batch_size)
+        source = _ImageSource(columns, spec, seed, shards, lazy, reader, batch_size, stats)
         closers.insert(0, source.close)  # its read-ahead stops before the dataset closes
     return BoundImages(columns, settings, source, heaps, variable)
 
@@ -439,40 +447,41 @@ def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns | variable_
 
 
 def _shard_source(path: Any, verify: str, cache_dir: Any, cache_limit: Any,
-                  storage_options: dict[str, Any] | None) -> tuple[Any, list[Any]]:
-    """The shard source of ``path`` and what closes it with the loader.
+                  storage_options: dict[str, Any] | None) -> tuple[Any, list[Any], Any]:
+    """The shard source of ``path``, what closes it with the loader, and its cache counters (None: local).
 
     A URL: a RemoteDataset over the shard cache. A path: LocalShards over ``tbl_format.open``.
     An open ``tbl_format.Dataset`` or RemoteDataset of the caller's: used as it is, left open."""
+    from ..source.cache import CacheCounters
     from ..source.remote import RemoteDataset
 
     if is_url(path):  # s3://, gs://, az://, http(s)://: served from the local shard cache
         remote = RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                               verify_data=verify == "open")
-        return remote, [remote.close]
+                               verify_data=verify == "open", counters=CacheCounters())
+        return remote, [remote.close], remote.cache.counters
     if isinstance(path, (str, os.PathLike)):
         shards = LocalShards(tbl_format.open(path, verify=verify == "open", max_open=_EVERY_SHARD))
-        return shards, [shards.close]
+        return shards, [shards.close], None
     if isinstance(path, RemoteDataset):
         if verify == "open" and not path.verify_data:
             raise ValueError('verify="open" needs the RemoteDataset made with verify_data=True (its shards are '
                              "checked as they are downloaded)")
-        return path, []
+        return path, [], path.cache.counters
     if not isinstance(path, tbl_format.Dataset):
         raise TypeError(f"path must be a path, a URL, a tbl_format.Dataset or a RemoteDataset, "
                         f"got {type(path).__name__}")
     if verify == "open":
         path.verify()  # the caller's dataset: checked here, once
-    return LocalShards(path, owned=False), []
+    return LocalShards(path, owned=False), [], None
 
 
-def _heap_dataset(shards: Any, verify: str, closers: list[Any]) -> Any:
+def _heap_dataset(shards: Any, verify: str, closers: list[Any], counters: Any = None) -> Any:
     """The tbl_format.Dataset that variable-size rows and fields are read from: a local source's own, or for a
     URL one over the same shard cache whose shards are fetched as reads need them (closed first, in ``closers``)."""
     from ..source.remote import RemoteDataset, open_streaming
 
     if not isinstance(shards, RemoteDataset):
         return shards.dataset
-    heaps = open_streaming(shards.url, **{**shards.options, "verify_data": verify == "open"})
+    heaps = open_streaming(shards.url, **{**shards.options, "verify_data": verify == "open"}, counters=counters)
     closers.insert(0, heaps.close)
     return heaps

@@ -40,6 +40,7 @@ from ..errors import ImageGeometryError, JpegDecodeError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.shared_loop import shared_loop
+from ..host.stats import StageStats
 from ..source.fetcher import shards_in_read_order
 from ..stream import order
 from ..stream.keys import sample_keys
@@ -196,7 +197,8 @@ class VariableImageSource:
 
     def __init__(self, dataset: Any, columns: VariableColumns, spec: ImageSpec, seed: int,
                  verify_rows: Any = None, num_threads: int | None = None, fields: FieldReader | None = None,
-                 jpeg_dct: str = "accurate") -> None:
+                 jpeg_dct: str = "accurate", stats: StageStats | None = None) -> None:
+        self.stats = stats if stats is not None else StageStats()  # read and decode time, decoded rows
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
         if columns.store == "jpeg":
             self._check_decoder()  # JpegDecoderUnavailableError now, not at the first batch
@@ -271,7 +273,10 @@ class VariableImageSource:
             self.verify_rows(rows, self.verified_leaves)  # before any byte of these rows is read
         boxes = self.boxes(plan.epoch, ids)
         flip = order.flip_draws(self.seed, plan.epoch, ids, self.spec.hflip) if self.spec.hflip else None
-        return boxes, flip, self.dataset.values(self.image_key, rows)
+        t0 = self.stats.clock()
+        values = self.dataset.values(self.image_key, rows)  # a URL's shards are fetched here
+        self.stats.read_s += self.stats.clock() - t0
+        return boxes, flip, values
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> Any:
         """Fills the slot; the payload: (the batch's ServedGeometry, the fields' variable-size columns)."""
@@ -301,7 +306,10 @@ class VariableImageSource:
             images = self._raw_views(values, ids)
             region = boxes
         else:
+            t0 = self.stats.clock()
             images, boxes = self._decode(values, ids, boxes, out_hw, decoded)
+            self.stats.decode_s += self.stats.clock() - t0
+            self.stats.decoded_rows += ids.shape[0]
             # The region the decoded pixels came from, in stored pixels (a DCT-scaled decode rounds a box outward
             # to whole decoded pixels).
             decoded_hw = np.array([im.shape[:2] for im in images], dtype=np.float64).reshape(-1, 2)

@@ -23,6 +23,7 @@ import tbl_format
 
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
+from ..host.stats import StageStats
 from ..source.fetcher import shards_in_read_order, warn_if_shuffle_thrashes
 from ..source.storage import is_url, redact
 from ..source.verify import verify_mode
@@ -126,11 +127,14 @@ class PyTreeLoader(HostLoader):
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
+        counters = None  # the shard cache's lookups (a URL's)
         if is_url(path):  # streamed through the local shard cache: each batch maps the shards it reads
+            from ..source.cache import CacheCounters
             from ..source.remote import open_streaming
 
+            counters = CacheCounters()
             dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                     storage_options=storage_options, verify_data=verify == "open")
+                                     storage_options=storage_options, verify_data=verify == "open", counters=counters)
             warn_if_shuffle_thrashes(shuffle, dataset.shard_entries, cache_limit, redact(path))
             source = RowSource(None, dataset=dataset, own_dataset=True, max_open=min(max_open, dataset.max_open))
         else:
@@ -144,7 +148,8 @@ class PyTreeLoader(HostLoader):
                                   rows=subset, shard_rows=source.dataset.segment_rows)
             pipeline = HostPipeline(_PyTreeSource(source, collator, verify_lazily=verify == "lazy"), output,
                                     capacity=options.batch_size,
-                                    prefetch=prefetch, closers=[source.close])
+                                    prefetch=prefetch, closers=[source.close],
+                                    stats=StageStats(prefetch=prefetch, cache=counters))
         except BaseException:
             source.close()
             raise

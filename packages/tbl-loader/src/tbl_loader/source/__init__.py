@@ -9,6 +9,7 @@ local dataset to a URL.
 
 from __future__ import annotations
 
+from .remote import open_remote
 from .storage import is_url
 from .upload import upload_dataset
 from .verify import VERIFY_MODES
@@ -16,5 +17,6 @@ from .verify import VERIFY_MODES
 __all__ = [
     "VERIFY_MODES",
     "is_url",
+    "open_remote",
     "upload_dataset",
 ]

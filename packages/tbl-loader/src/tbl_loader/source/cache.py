@@ -63,6 +63,7 @@ import secrets
 import stat
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ import tbl_format
 from ..errors import CacheEntryError, CacheFullError, RemoteChecksumError, RemoteSupportMissingError
 from .storage import PIP_REMOTE, Store
 
-__all__ = ["CACHE_FOLDER", "ShardCache", "default_cache_dir", "parse_size"]
+__all__ = ["CACHE_FOLDER", "CacheCounters", "ShardCache", "default_cache_dir", "parse_size"]
 
 CACHE_FOLDER = "tbl-cache-v1"
 _TMP_MARK = ".tbl-cache-tmp-"
@@ -133,14 +134,47 @@ def _tag_file(final: Path) -> Path:
     return final.with_name(f".{final.name}.tbl-cache-tag")
 
 
+class CacheCounters:
+    """What one loader's shard lookups found (``loader.stats()["cache"]``): thread-safe, as read-ahead threads
+    and the reader add to the same counters. Counts belong to the process: a pickled copy starts at zero."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.hits = 0  # lookups that found the shard cached
+        self.misses = 0  # downloads (a shard that failed its check and was downloaded again: two)
+        self.bytes_downloaded = 0
+        self.download_seconds = 0.0
+
+    def add(self, *, hits: int = 0, misses: int = 0, nbytes: int = 0, seconds: float = 0.0) -> None:
+        with self._lock:
+            self.hits += hits
+            self.misses += misses
+            self.bytes_downloaded += nbytes
+            self.download_seconds += seconds
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "bytes_downloaded": self.bytes_downloaded,
+                    "download_seconds": self.download_seconds}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+
 class ShardCache:
     """One cache folder shared by every process of a node (see the module docstring).
 
     ``cache_dir``: default :func:`default_cache_dir`. ``cache_limit``: bytes, a
-    string like ``"50GB"``, or None (no limit).
+    string like ``"50GB"``, or None (no limit). ``counters``: the :class:`CacheCounters`
+    its lookups add to (default: its own).
     """
 
-    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, cache_limit: Any = None) -> None:
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, cache_limit: Any = None,
+                 counters: CacheCounters | None = None) -> None:
+        self.counters = counters if counters is not None else CacheCounters()
         self._filelock = _filelock()
         self.root = Path(cache_dir if cache_dir is not None else default_cache_dir()) / CACHE_FOLDER
         self.limit = parse_size(cache_limit)
@@ -205,6 +239,7 @@ class ShardCache:
                 self._download(store, final, entry, verify_data)
             else:
                 os.utime(final)  # the LRU clock
+                self.counters.add(hits=1)
             yield final
 
     def fetch(self, store: Store, directory: Path, entry: dict[str, Any], *, verify_data: bool = False) -> Path:
@@ -279,10 +314,12 @@ class ShardCache:
             tmp = final.parent / f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}-{int(entry.get('size') or 0)}"
             try:
                 try:
+                    started = time.perf_counter()
                     with open(tmp, "xb") as out:
                         store.download(entry["file"], out)
                         out.flush()
                         os.fsync(out.fileno())
+                        nbytes = out.tell()
                 except OSError as exc:
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise CacheFullError(
@@ -292,6 +329,7 @@ class ShardCache:
                     raise
                 with self._count_lock:
                     self.downloads += 1
+                self.counters.add(misses=1, nbytes=nbytes, seconds=time.perf_counter() - started)
                 problem = self._check(tmp, entry, verify_data)
                 if not problem:
                     if entry.get("tag") is not None:  # written first: a shard in place always has its tag

@@ -42,7 +42,7 @@ import numpy as np
 import tbl_format
 
 from ..errors import CacheFullError, RemoteChecksumError, ShardNotMappedError
-from .cache import ShardCache
+from .cache import CacheCounters, ShardCache
 from .fetcher import Fetcher, shards_in_read_order
 from .storage import open_store, redact
 
@@ -62,17 +62,19 @@ class RemoteDataset:
     fetcher keeps downloaded ahead of the reader; ``concurrency``: parallel
     downloads; ``max_mapped``: shards kept mapped when no batch needs them (default:
     as many as ``cache_limit`` holds, so unlinked-but-mapped files stay within it too; all
-    without a limit).
+    without a limit). ``counters``: the :class:`~tbl_loader.source.cache.CacheCounters` its
+    lookups add to (a loader's ``stats()["cache"]``; default: its cache's own).
     """
 
     def __init__(self, url: str, *, cache_dir: Any = None, cache_limit: Any = None,
                  storage_options: dict[str, Any] | None = None, verify_data: bool = False,
-                 lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None) -> None:
+                 lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None,
+                 counters: CacheCounters | None = None) -> None:
         self.url = url
         # What another process needs to open the same dataset on the same cache (ImageDataset pickles it).
         self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
                         "verify_data": verify_data}
-        self.cache = ShardCache(cache_dir, cache_limit)
+        self.cache = ShardCache(cache_dir, cache_limit, counters)
         self.verify_data = bool(verify_data)
         self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
         base, _, name = url.rpartition("/") if single else (url, "", "")
@@ -443,8 +445,9 @@ class RemoteShards:
 
     def __init__(self, url: str, local_dir: Path, entries: list[dict[str, Any]], *, cache_dir: Any,
                  cache_limit: Any, storage_options: dict[str, Any] | None, verify_data: bool,
-                 lookahead: int = 4, concurrency: int = 4) -> None:
+                 lookahead: int = 4, concurrency: int = 4, counters: CacheCounters | None = None) -> None:
         self.url = url
+        self.counters = counters if counters is not None else CacheCounters()
         self.local_dir = Path(local_dir)
         self.entries = [dict(e) for e in entries]
         self.cache_dir, self.cache_limit = cache_dir, cache_limit
@@ -460,7 +463,7 @@ class RemoteShards:
     def _clients(self) -> tuple[Any, ShardCache, Fetcher]:
         with self._lock:
             if self._pid != os.getpid():
-                self._cache = ShardCache(self.cache_dir, self.cache_limit)
+                self._cache = ShardCache(self.cache_dir, self.cache_limit, self.counters)
                 self._store = open_store(self.url, self.storage_options)
                 # An inherited fetcher's threads did not survive fork: this process makes its own.
                 self._fetcher = Fetcher(self._download, lookahead=self.lookahead, concurrency=self.concurrency)
@@ -504,20 +507,22 @@ class RemoteShards:
 
 
 def open_streaming(url: str, *, cache_dir: Any = None, cache_limit: Any = None,
-                   storage_options: dict[str, Any] | None = None, verify_data: bool = False) -> tbl_format.Dataset:
+                   storage_options: dict[str, Any] | None = None, verify_data: bool = False,
+                   counters: CacheCounters | None = None) -> tbl_format.Dataset:
     """The dataset at ``url`` as a ``tbl_format.Dataset`` over the local cache, each shard fetched when first read.
 
     The manifest is read from the store now (every time: a republished dataset is seen as
     such); no shard is downloaded until a read needs it, and at most as many shards stay
     mapped as ``cache_limit`` holds. A single ``.tbl`` file at a URL is downloaded whole.
+    ``counters``: the :class:`~tbl_loader.source.cache.CacheCounters` its shard lookups add to.
     """
     with RemoteDataset(url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                       verify_data=verify_data, lookahead=0) as remote:
+                       verify_data=verify_data, lookahead=0, counters=counters) as remote:
         if remote._single:
             return tbl_format.open(remote.local_dir / remote._entries[0]["file"])
         # Downloads ahead stay within what the cache holds besides the shards being read.
         hook = RemoteShards(url, remote.local_dir, remote.shard_entries, cache_dir=cache_dir, cache_limit=cache_limit,
-                            storage_options=storage_options, verify_data=verify_data,
+                            storage_options=storage_options, verify_data=verify_data, counters=counters,
                             lookahead=min(4, max(0, remote.max_mapped - 1)))
         return tbl_format.open(remote.local_dir, max_open=remote.max_mapped, fetch_shard=hook,
                                read_ahead=hook.read_ahead)

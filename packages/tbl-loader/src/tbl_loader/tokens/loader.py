@@ -44,6 +44,7 @@ import tbl_format
 from ..errors import TokenError
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
+from ..host.stats import StageStats
 from ..source.storage import is_url
 from ..stream import order
 from ..stream.cursor import StreamCursor, StreamOptions
@@ -250,11 +251,14 @@ class TokenLoader(HostLoader):
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
+        counters = None  # the shard cache's lookups (a URL's)
         if is_url(path):  # streamed through the local shard cache: windows map the shards they read
+            from ..source.cache import CacheCounters
             from ..source.remote import open_streaming
 
+            counters = CacheCounters()
             dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                     storage_options=storage_options)
+                                     storage_options=storage_options, counters=counters)
         else:  # every shard a window reads stays open: windows in random order touch all of them every epoch
             dataset = tbl_format.open(path, max_open=sys.maxsize)
         try:
@@ -281,7 +285,7 @@ class TokenLoader(HostLoader):
             source = _TokenSource(dataset, chunk, count, seq_len, options.seed, options.shuffle, out_dtype,
                                   map_all=not is_url(path))
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
-                                    closers=[dataset.close])
+                                    closers=[dataset.close], stats=StageStats(prefetch=prefetch, cache=counters))
         except BaseException:
             dataset.close()
             raise
