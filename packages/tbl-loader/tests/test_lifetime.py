@@ -20,33 +20,38 @@ from tbl_loader import ImageLoader
 from tbl_loader.errors import LoaderClosedError, RingGrowthWarning
 
 
-def _wait_threads(base: int, timeout: float = 30.0) -> int:
-    # Returns as soon as the count is back; the long limit only matters on a loaded CI machine,
+def _started_since(before: set[threading.Thread]) -> list[threading.Thread]:
+    """The live threads that did not exist in ``before`` (other tests' threads may come and go meanwhile)."""
+    return [t for t in threading.enumerate() if t not in before]
+
+
+def _wait_gone(before: set[threading.Thread], timeout: float = 30.0) -> list[threading.Thread]:
+    # Returns as soon as they are gone; the long limit only matters on a loaded CI machine,
     # where a stopping thread may wait seconds for a core.
     end = time.monotonic() + timeout
-    while threading.active_count() > base and time.monotonic() < end:
+    while _started_since(before) and time.monotonic() < end:
         time.sleep(0.01)
-    return threading.active_count()
+    return _started_since(before)
 
 
 def test_break_stops_the_producer(dataset_path):
-    base = threading.active_count()
+    before = set(threading.enumerate())
     loader = ImageLoader(dataset_path, 4, prefetch=3, backend="numpy")
     for k, _ in enumerate(loader):
-        assert threading.active_count() == base + 1
+        assert len(_started_since(before)) == 1
         if k == 2:
             break
-    assert _wait_threads(base) == base
+    assert _wait_gone(before) == []
     loader.close()
 
 
 def test_close_stops_the_producer_and_forbids_iteration(dataset_path):
-    base = threading.active_count()
+    before = set(threading.enumerate())
     loader = ImageLoader(dataset_path, 4, prefetch=2, backend="numpy")
     it = iter(loader)
     next(it)
     loader.close()
-    assert threading.active_count() == base
+    assert _started_since(before) == []
     with pytest.raises(StopIteration):
         next(it)
     with pytest.raises(LoaderClosedError):
@@ -55,7 +60,7 @@ def test_close_stops_the_producer_and_forbids_iteration(dataset_path):
 
 
 def test_garbage_collection_stops_the_producer_and_frees_the_loader(dataset_path):
-    base = threading.active_count()
+    before = set(threading.enumerate())
     loader = ImageLoader(dataset_path, 4, prefetch=2, backend="numpy")
     it = iter(loader)
     batch = next(it)
@@ -63,27 +68,27 @@ def test_garbage_collection_stops_the_producer_and_frees_the_loader(dataset_path
     del loader, it, batch
     gc.collect()
     assert ref() is None
-    assert _wait_threads(base) == base
+    assert _wait_gone(before) == []
 
 
 def test_new_pass_stops_the_previous_one(dataset_path):
-    base = threading.active_count()
+    before = set(threading.enumerate())
     loader = ImageLoader(dataset_path, 4, prefetch=2, backend="numpy")
     first = iter(loader)
     next(first)
     second = iter(loader)
     next(second)
-    assert threading.active_count() == base + 1
+    assert len(_started_since(before)) == 1
     with pytest.raises(StopIteration):
         next(first)
     loader.close()
 
 
 def test_exhausted_pass_leaves_no_thread(dataset_path):
-    base = threading.active_count()
+    before = set(threading.enumerate())
     loader = ImageLoader(dataset_path, 50, prefetch=4, backend="numpy")
     assert len(list(loader)) == 3
-    assert _wait_threads(base) == base
+    assert _wait_gone(before) == []
     loader.close()
 
 
@@ -102,7 +107,7 @@ def test_kernel_error_reaches_the_consumer_with_its_traceback(dataset_path, monk
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tbl_kernels, "gather_normalize", flaky)
-    base = threading.active_count()
+    before = set(threading.enumerate())
     loader = ImageLoader(dataset_path, 4, prefetch=prefetch, backend="numpy")
     it = iter(loader)
     next(it)
@@ -111,7 +116,7 @@ def test_kernel_error_reaches_the_consumer_with_its_traceback(dataset_path, monk
         next(it)
     assert info.value is raised[0]
     assert "flaky" in [f.name for f in traceback.extract_tb(info.value.__traceback__)]
-    assert _wait_threads(base) == base
+    assert _wait_gone(before) == []
     assert loader.consumed == 8  # the failed batch was not consumed
     monkeypatch.setattr(tbl_kernels, "gather_normalize", real)
     rest = list(loader)  # the next pass resumes at the failed batch
