@@ -435,3 +435,38 @@ def test_a_local_dataset_ignores_read_ahead(local_rows):
     assert ds.open_shards == 0
     with pytest.raises(ValueError, match="read_ahead goes with a fetch_shard"):
         tbl_format.open(local_rows, read_ahead=lambda shards: None)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_open_the_dataset_their_parent_opened_without_asking_the_store(s3_server, local_jpeg, local_rows,
+                                                                                tmp_path, context):
+    """A DataLoader worker opens the dataset its parent opened with the parent's manifest: on a warm cache it
+    reads nothing from the store (here the manifest is deleted from the store after the parent opened it)."""
+    pytest.importorskip("torch")
+    from tbl_loader import ImageDataset, RandomResizedCrop, upload_dataset
+
+    bucket = s3_server.new_bucket()
+    cases = []
+    for name, local in (("jpeg", local_jpeg), ("rows", local_rows)):
+        url = f"s3://{bucket}/{name}/"
+        upload_dataset(local, url, storage_options=s3_server.storage_options)
+        cases.append((name, local, url))
+    for name, local, url in cases:
+        remote_opts = dict(cache_dir=tmp_path, storage_options=s3_server.storage_options)
+        if name == "jpeg":
+            opts = dict(seed=2, backend="numpy", fields=("caption",), random_resized_crop=RandomResizedCrop(16))
+            remote, plain = ImageDataset(url, **opts, **remote_opts), ImageDataset(local, **opts)
+        else:
+            remote, plain = PyTreeDataset(url, **remote_opts), PyTreeDataset(local)
+        remote.get_batch(list(range(len(remote))))  # the parent reads everything: the cache is warm
+        s3_server.boto().delete_object(Bucket=bucket, Key=f"{name}/manifest.json")
+        got = _dataloader_rows(remote, context)
+        want = _dataloader_rows(plain, context)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            if name == "jpeg":
+                assert np.array_equal(g.images, w.images) and g.fields["caption"] == w.fields["caption"]
+            else:
+                assert_tree_equal(g, w)
+        remote.close()
+        plain.close()

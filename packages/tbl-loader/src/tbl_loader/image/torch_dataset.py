@@ -249,7 +249,12 @@ class ImageDataset:
             return LocalShards(tbl_format.open(self.path, verify=self.verify == "open"))
         from ..source.remote import RemoteDataset
 
-        return RemoteDataset(self.path, **self.remote_options, verify_data=self.verify == "open")
+        remote = RemoteDataset(self.path, **self.remote_options, verify_data=self.verify == "open")
+        # Copies in DataLoader workers open the dataset this one opened, without reading the manifest again
+        # (in a forked worker that would start a storage helper process per worker).
+        if "manifest" in remote.options:
+            self.remote_options["manifest"] = remote.options["manifest"]
+        return remote
 
     @property
     def dataset(self) -> Any:

@@ -186,6 +186,12 @@ class PyTreeDataset:
         self._row_copier: Any = None
         source = self._open()
         self._fingerprint = source.fingerprint
+        if self._open_remote is not None:
+            # Copies (DataLoader workers, pickles) open the dataset this one opened, without reading the
+            # manifest from the store again (in a forked worker that would start a storage helper process).
+            from ..source.remote import streamed_manifest
+
+            self._open_remote = functools.partial(self._open_remote, manifest=streamed_manifest(source.dataset))
         try:
             self._rows = resolve_rows(source.num_rows, rows, subsample)
         except BaseException:

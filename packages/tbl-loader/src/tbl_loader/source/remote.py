@@ -63,17 +63,21 @@ class RemoteDataset:
     downloads; ``max_mapped``: shards kept mapped when no batch needs them (default:
     as many as ``cache_limit`` holds, so unlinked-but-mapped files stay within it too; all
     without a limit). ``counters``: the :class:`~tbl_loader.source.cache.CacheCounters` its
-    lookups add to (a loader's ``stats()["cache"]``; default: its cache's own).
+    lookups add to (a loader's ``stats()["cache"]``; default: its cache's own). ``manifest``: the
+    manifest's bytes as another process of the same job read them (``options`` carries them), so
+    a DataLoader worker or a copy opens the dataset its parent opened without asking the store;
+    None reads it from the store.
     """
 
     def __init__(self, url: str, *, cache_dir: Any = None, cache_limit: Any = None,
                  storage_options: dict[str, Any] | None = None, verify_data: bool = False,
                  lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None,
-                 counters: CacheCounters | None = None) -> None:
+                 counters: CacheCounters | None = None, manifest: bytes | None = None) -> None:
         self.url = url
-        # What another process needs to open the same dataset on the same cache (ImageDataset pickles it).
-        self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
-                        "verify_data": verify_data}
+        # What another process needs to open the same dataset on the same cache (ImageDataset pickles it);
+        # the manifest's bytes join it below.
+        self.options: dict[str, Any] = {"cache_dir": cache_dir, "cache_limit": cache_limit,
+                                        "storage_options": storage_options, "verify_data": verify_data}
         self.cache = ShardCache(cache_dir, cache_limit, counters)
         self.verify_data = bool(verify_data)
         self._single = single = not url.endswith("/") and url.lower().endswith(".tbl")
@@ -88,7 +92,10 @@ class RemoteDataset:
             self._meta = tbl_format.open(path)
             self._entries = [{**self._meta.shard_entries[0], "size": entry["size"]}]
         else:
-            self.cache.store_manifest(self.local_dir, self.store.read_bytes(MANIFEST))
+            if manifest is None:
+                manifest = self.store.read_bytes(MANIFEST)
+            self.options["manifest"] = manifest
+            self.cache.store_manifest(self.local_dir, manifest)
             self._meta = tbl_format.open(self.local_dir)  # reads the manifest only
             self._entries = self._meta.shard_entries
         rows = self._meta.segment_rows
@@ -506,18 +513,27 @@ class RemoteShards:
         self._lock = threading.Lock()
 
 
+def streamed_manifest(dataset: tbl_format.Dataset) -> bytes | None:
+    """The manifest bytes of a dataset :func:`open_streaming` opened (its cache folder's copy): what a copy of
+    the reader in another process passes as ``manifest`` to open the same dataset without asking the store.
+    None for a single ``.tbl`` file, which has no manifest."""
+    path = Path(dataset.path)
+    return (path / MANIFEST).read_bytes() if path.is_dir() else None
+
+
 def open_streaming(url: str, *, cache_dir: Any = None, cache_limit: Any = None,
                    storage_options: dict[str, Any] | None = None, verify_data: bool = False,
-                   counters: CacheCounters | None = None) -> tbl_format.Dataset:
+                   counters: CacheCounters | None = None, manifest: bytes | None = None) -> tbl_format.Dataset:
     """The dataset at ``url`` as a ``tbl_format.Dataset`` over the local cache, each shard fetched when first read.
 
     The manifest is read from the store now (every time: a republished dataset is seen as
-    such); no shard is downloaded until a read needs it, and at most as many shards stay
-    mapped as ``cache_limit`` holds. A single ``.tbl`` file at a URL is downloaded whole.
-    ``counters``: the :class:`~tbl_loader.source.cache.CacheCounters` its shard lookups add to.
+    such), unless ``manifest`` gives the bytes another process of the job read (see
+    :class:`RemoteDataset`); no shard is downloaded until a read needs it, and at most as many
+    shards stay mapped as ``cache_limit`` holds. A single ``.tbl`` file at a URL is downloaded
+    whole. ``counters``: the :class:`~tbl_loader.source.cache.CacheCounters` its shard lookups add to.
     """
     with RemoteDataset(url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                       verify_data=verify_data, lookahead=0, counters=counters) as remote:
+                       verify_data=verify_data, lookahead=0, counters=counters, manifest=manifest) as remote:
         if remote._single:
             return tbl_format.open(remote.local_dir / remote._entries[0]["file"])
         # Downloads ahead stay within what the cache holds besides the shards being read.
