@@ -17,8 +17,8 @@ lance/write            baseline: ``lance.write_dataset(pa.Table.from_pylist(rows
 
 Reads are the *produce* level (batches are made and dropped). Writes time one
 dataset written per epoch into a fresh directory, and record its size on disk
-(``info["bytes"]``) and peak RSS. Lance runs with ``--peers`` (``pip install pylance``),
-in the peer interpreter. The module imports only the standard library and numpy at top level.
+(``info["bytes"]``) and peak RSS. Lance runs with ``--peers``,
+in the peer interpreter (pylance is in the `peers` extra). The module imports only the standard library and numpy at top level.
 """
 
 from __future__ import annotations
