@@ -189,3 +189,16 @@ def test_arrow_dataset_projects_leaves(tmp_path):
     assert ds.count_rows() == 30
     with pytest.raises(ValueError):
         tf.to_arrow_dataset(path, batch_rows=0)
+
+
+def test_a_turboloader_v2_file_has_no_columns_to_export(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("tbl_golden_make", Path(__file__).parent / "golden" / "make_golden.py")
+    mg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mg)
+    path = tmp_path / "v2.tbl"
+    path.write_bytes(mg.v2_bytes([(im, mg.RAW_U8, 2, 3) for im in mg.raw_images(4, 3, 2, seed=1)]))
+    with tf.open(path) as ds, pytest.raises(tf.ColumnarLayoutError, match="no per-leaf columns"):
+        tf.to_arrow_batch(ds, range(0, 2))

@@ -23,7 +23,6 @@ in the peer interpreter (pylance is in the `peers` extra). The module imports on
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path

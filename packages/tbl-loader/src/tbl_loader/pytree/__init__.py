@@ -38,7 +38,14 @@ files, replace them.
 from __future__ import annotations
 
 from .batch import VAR_MODES, Masked, Padded
-from .dataset import BATCH_FORMATS, CollatedBatch, PyTreeDataset, collate_arrow, collate_identity, collate_tensors
+from .dataset import (
+    BATCH_FORMATS,
+    CollatedBatch,
+    PyTreeDataset,
+    collate_arrow,
+    collate_identity,
+    collate_tensors,
+)
 from .loader import PyTreeLoader
 
 __all__ = [
