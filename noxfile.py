@@ -65,9 +65,10 @@ def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
     session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *FRAMEWORK_TEST_DEPS)
     # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
-    # object-store tests (a local cluster, a local S3 server) instead of skipping them.
-    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]",
-                      str(PKG / "tbl-loader") + "[jpeg,ray,remote]")
+    # object-store tests (a local cluster, a local S3 server) instead of skipping them; tbl-format's
+    # [sql] and tbl-loader's [arrow] run the Arrow export and its DuckDB / Polars tests.
+    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4,sql]",
+                      str(PKG / "tbl-loader") + "[jpeg,ray,remote,arrow]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:

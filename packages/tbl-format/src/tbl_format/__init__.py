@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from .arrow import arrow_schema, to_arrow_batch, to_arrow_dataset
 from .dataset import DEFAULT_MAX_OPEN, Dataset, open
 from .destination import check_destination, foreign_shard
 from .errors import (
     BadMagicError,
+    ColumnarLayoutError,
     CompressionUnavailableError,
     CorruptDataError,
     DataChecksumError,
@@ -48,6 +50,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BadMagicError",
+    "ColumnarLayoutError",
     "CompressionUnavailableError",
     "CorruptDataError",
     "DEFAULT_MAX_OPEN",
@@ -88,6 +91,7 @@ __all__ = [
     "V2LayoutError",
     "Writer",
     "__version__",
+    "arrow_schema",
     "check_destination",
     "file_kind",
     "foreign_shard",
@@ -96,6 +100,8 @@ __all__ = [
     "open",
     "open_regular",
     "row_crcs",
+    "to_arrow_batch",
+    "to_arrow_dataset",
     "write",
     "write_parallel",
 ]

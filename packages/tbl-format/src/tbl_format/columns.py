@@ -28,7 +28,8 @@ from .kinds import EncodeError
 from .layout import BLOCK_SIZE, LZ4_BLOCK
 from .schema import Leaf
 
-__all__ = ["TABLES", "Bytes", "Column", "FixedColumn", "Spill", "copy_into", "make_column", "mismatch", "promotable"]
+__all__ = ["TABLES", "Bytes", "Column", "FixedColumn", "ListColumn", "Spill", "VarColumn", "copy_into", "make_column",
+           "mismatch", "promotable"]
 
 _U64 = struct.Struct("<Q")
 _SPILL_FLUSH = 4 * BLOCK_SIZE
@@ -65,6 +66,18 @@ class Spill:
         self.buf += data
         if len(self.buf) >= _SPILL_FLUSH:
             self._flush(final=False)
+
+    def write_code(self, ns: dict[str, Any], name: str, expr: str) -> str:
+        """Source of ``self.write(expr)`` inlined into a generated row encoder (names ``B<name>``, ``F<name>`` in ns).
+
+        Appends to the same buffer and flushes at the same size as ``write``: the bytes written are the same.
+        """
+        ns[f"B{name}"], ns[f"F{name}"], ns["SPILL_FLUSH"] = self.buf, self.flush_full, _SPILL_FLUSH
+        return f"B{name}.extend({expr})\n    if len(B{name}) >= SPILL_FLUSH: F{name}()"
+
+    def flush_full(self) -> None:
+        """Write out the whole blocks buffered so far (what ``write`` does once the buffer is large)."""
+        self._flush(final=False)
 
     def write_repeated(self, data: bytes, count: int) -> None:
         """``count`` copies of ``data``, in bounded pieces."""
@@ -191,6 +204,15 @@ class Column:
         """``rows`` rows holding None (the column is optional)."""
         raise NotImplementedError
 
+    def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
+        """Source appending the encoded value named ``var`` to this column, for a generated row encoder.
+
+        The default calls ``append``; columns override it with the same writes inlined (the per-row
+        calls cost more than the copying when rows are small).
+        """
+        ns[f"A{k}"] = self.append
+        return f"A{k}({var})"
+
     def spills(self) -> list[Spill]:
         raise NotImplementedError
 
@@ -263,6 +285,11 @@ class FixedColumn(Column):
     def _append(self, encoded: Any) -> None:
         self.data.write(self.zeros if encoded is None else encoded)
 
+    def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
+        if self.present is not None:
+            return super().append_code(ns, k, var)
+        return self.data.write_code(ns, f"{k}d", var)
+
     def append_absent(self, rows: int) -> None:
         if self.zeros:
             self.data.write_repeated(self.zeros, rows)
@@ -330,6 +357,18 @@ class VarColumn(Column):
         self.offsets.write(_U64.pack(heap.logical))
         heap.write(payload)
 
+    def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
+        heap = self.heap
+        if self.present is not None or self.shapes is not None or heap.lz4 is not None:
+            return super().append_code(ns, k, var)
+        # _append then _Heap.write, for a raw heap: the row's offset, then its bytes.
+        ns[f"H{k}"], ns["PU64"] = heap, _U64.pack
+        return "\n    ".join([
+            self.offsets.write_code(ns, f"{k}o", f"PU64(H{k}.logical)"),
+            f"H{k}.logical += len({var})",
+            heap.spill.write_code(ns, f"{k}h", var),
+        ])
+
     def append_absent(self, rows: int) -> None:
         self.offsets.write_repeated(_U64.pack(self.heap.logical), rows)
         if self.shapes is not None:
@@ -377,6 +416,19 @@ class ListColumn(Column):
             starts.append(heap.logical)
             heap.write(item)
         self.items.write(starts.tobytes())
+
+    def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
+        heap = self.heap
+        if self.present is not None or self.items is not None or heap.lz4 is not None:
+            return super().append_code(ns, k, var)
+        # _append then _Heap.write, for packed scalar items in a raw heap: the row's first item, then its items.
+        ns[f"L{k}"], ns[f"H{k}"], ns["PU64"] = self, heap, _U64.pack
+        return "\n    ".join([
+            self.offsets.write_code(ns, f"{k}o", f"PU64(L{k}.count)"),
+            f"L{k}.count += {var}[1]",
+            f"H{k}.logical += len({var}[0])",
+            heap.spill.write_code(ns, f"{k}h", f"{var}[0]"),
+        ])
 
     def append_absent(self, rows: int) -> None:
         self.offsets.write_repeated(_U64.pack(self.count), rows)

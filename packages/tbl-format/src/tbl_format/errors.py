@@ -86,6 +86,10 @@ class CompressionUnavailableError(FormatError, ImportError):
     """The file uses a codec whose Python package is not installed (``pip install lz4``)."""
 
 
+class ColumnarLayoutError(FormatError, TypeError):
+    """The file's layout stores no per-leaf columns (a TurboLoader v2 file), so they cannot be exported as such."""
+
+
 class UnknownCodecError(FormatError):
     """The file names a compression codec this reader does not know."""
 

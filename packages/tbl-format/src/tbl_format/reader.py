@@ -50,7 +50,7 @@ from .errors import (
 )
 from .layout import ALIGN, FORMAT_VERSION, HEADER_CAP, MAGIC, PREAMBLE, PREAMBLE_CRC_SPAN, PREAMBLE_SIZE
 from .schema import Leaf, Schema
-from .shard import Progress, Shard, check_rows, fixed_leaf, map_file, release_map
+from .shard import LeafBuffers, Progress, Shard, check_rows, fixed_leaf, map_file, release_map
 
 try:
     import numpy as _np
@@ -462,6 +462,29 @@ class TblFile(Shard):
             return np.frombuffer(self._mm, dtype=np.bool_, count=r.size, offset=r.offset)
         return self._mv[r.offset : r.offset + r.size]
 
+    def buffers(self, leaf_path: str) -> LeafBuffers:
+        """The stored regions of one leaf as views of the map (an LZ4 heap decoded once, then cached)."""
+        if self._mm is None:
+            raise ValueError(f"{self.path}: read from a closed file")
+        col = self._cols.get(leaf_path)
+        if col is None:
+            raise KeyError(f"no leaf {leaf_path!r}; leaves are {list(self._cols)}")
+        mv = self._mv
+
+        def view(r: Region | None) -> Any:
+            return None if r is None else mv[r.offset : r.offset + r.size]
+
+        heap = view(col.heap)
+        if col.compression is not None:
+            cache = self.__dict__.setdefault("_heaps", {})
+            if leaf_path not in cache:
+                _, block, raw_size = col.compression
+                cache[leaf_path] = _Lz4Heap(self, col.path, col.heap, col.index, block, raw_size).read(0, raw_size)
+            heap = memoryview(cache[leaf_path])
+        return LeafBuffers(col.leaf, self.rows, data=view(col.data), offsets=view(col.offsets), heap=heap,
+                           shapes=view(col.shapes), items=view(col.items), present=view(col.present),
+                           compressed=col.compression is not None)
+
     def values(self, leaf_path: str, rows: list[int]) -> list[Any]:
         """Leaf ``leaf_path`` of each of ``rows`` (ints in ``[0, rows)``), each as ``get`` returns it.
 
@@ -830,6 +853,7 @@ def read_range(a, b):
     def close(self) -> None:
         """Drop this file's map. Views handed out earlier keep the map alive until they are gone."""
         self.__dict__.pop("_views", None)
+        self.__dict__.pop("_heaps", None)
         self._value_readers = {}
         path = self.path
 

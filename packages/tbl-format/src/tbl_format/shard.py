@@ -13,15 +13,40 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import TruncatedFileError
+from .errors import ColumnarLayoutError, TruncatedFileError
 from .fsutil import open_regular
 from .schema import Leaf, Schema
 
 #: Progress callback of verify(): called with (bytes checked so far, bytes to check).
 Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LeafBuffers:
+    """One leaf's stored regions in one file (SPEC.md, "Columns"), as read-only memoryviews.
+
+    ``data``: fixed-size leaves, ``rows * row_bytes`` bytes. ``offsets``: variable-size
+    leaves, ``rows + 1`` u64 (byte offsets into the heap; item counts for var_list).
+    ``heap``: the logical heap, a view of the map, or for an LZ4-compressed heap its
+    decoded bytes (``compressed`` True: a copy, compression cannot be zero-copy).
+    ``shapes``: var_array, ``rows * ndim`` u64. ``items``: var_list of str,
+    ``count + 1`` u64 heap offsets. ``present``: optional leaves, one byte a row.
+    Regions a kind does not use are None. The views keep the map alive.
+    """
+
+    leaf: Leaf
+    rows: int
+    data: Any = None
+    offsets: Any = None
+    heap: Any = None
+    shapes: Any = None
+    items: Any = None
+    present: Any = None
+    compressed: bool = False
 
 
 class Shard:
@@ -67,6 +92,13 @@ class Shard:
     def present(self, leaf_path: str) -> Any:
         """Zero-copy (rows,) view of an optional leaf's presence flags (nonzero: the row holds a value)."""
         raise ValueError(f"{self.path}: this file has no optional leaves")
+
+    def buffers(self, leaf_path: str) -> LeafBuffers:
+        """The stored regions of one leaf, as zero-copy views of the map (see LeafBuffers).
+
+        Only columnar files have them; ColumnarLayoutError for any other layout.
+        """
+        raise ColumnarLayoutError(f"{self.path}: this file layout stores no per-leaf columns")
 
     def verify(self, progress: Progress | None = None) -> None:
         raise NotImplementedError

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .codec import load_lz4_block
-from .columns import TABLES, Bytes, Column, FixedColumn, Spill, copy_into, make_column, mismatch, promotable
+from .columns import TABLES, Bytes, Column, Spill, copy_into, make_column, mismatch, promotable
 from .crc import crc32
 from .destination import check_destination
 from .errors import InvalidSchemaError, MetadataError, SchemaMismatchError
@@ -161,6 +161,13 @@ class FileWriter:
                 lines.append(f"e{k} = (b'\\x01' if {var} else b'\\x00') if {var}.__class__ is bool else E{k}({var}, idx)")
             elif kind == "str":
                 lines.append(f"e{k} = {var}.encode() if {var}.__class__ is str else E{k}({var}, idx)")
+            elif kind == "var_list" and col.leaf.item == "int" and sys.byteorder == "little":
+                # Packed as encode_list packs them; a list holding anything but plain ints takes E's checks.
+                ns["LIST"], ns["INTS"], ns["ARRAY"] = list, frozenset((int,)), array
+                lines.append(
+                    f"e{k} = (ARRAY('q', {var}).tobytes(), len({var})) if {var}.__class__ is LIST "
+                    f"and {{*map(type, {var})}} <= INTS else E{k}({var}, idx)"
+                )
             elif kind in ("array", "image") and np is not None:
                 ns[f"DT{k}"], ns[f"SH{k}"] = np.dtype(col.leaf.dtype), col.leaf.shape
                 lines.append(
@@ -169,9 +176,7 @@ class FileWriter:
                 )
             else:
                 lines.append(f"e{k} = E{k}({var}, idx)")
-            plain = isinstance(col, FixedColumn) and col.present is None
-            ns[f"A{k}"] = col.data.write if plain else col.append
-            appends.append(f"A{k}(e{k})")
+            appends.append(col.append_code(ns, k, f"e{k}"))
         body = "\n        ".join(lines) or "pass"
         tail = "\n    ".join(appends) or "pass"
         src = f"""

@@ -30,6 +30,7 @@ SUITES = {
     "pytree": "tbl_bench.suites.pytree",
     "pytree_read": "tbl_bench.suites.pytree_read",
     "pytree_dataloader": "tbl_bench.suites.pytree_dataloader",
+    "columnar": "tbl_bench.suites.columnar",
     "torch": "tbl_bench.suites.torch_dataloader",
     "resident": "tbl_bench.suites.resident",
     "train": "tbl_bench.suites.train",

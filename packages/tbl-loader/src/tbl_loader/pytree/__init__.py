@@ -38,10 +38,18 @@ files, replace them.
 from __future__ import annotations
 
 from .batch import VAR_MODES, IndexedBatch, Masked, Padded
-from .dataset import CollatedBatch, PyTreeDataset, collate_identity, collate_tensors
+from .dataset import (
+    BATCH_FORMATS,
+    CollatedBatch,
+    PyTreeDataset,
+    collate_arrow,
+    collate_identity,
+    collate_tensors,
+)
 from .loader import PyTreeLoader
 
 __all__ = [
+    "BATCH_FORMATS",
     "CollatedBatch",
     "IndexedBatch",
     "Masked",
@@ -49,6 +57,7 @@ __all__ = [
     "PyTreeDataset",
     "PyTreeLoader",
     "VAR_MODES",
+    "collate_arrow",
     "collate_identity",
     "collate_tensors",
 ]

@@ -38,7 +38,11 @@ from ..source.verify import verify_mode
 from ..stream.subset import resolve_rows
 from .batch import Collator, RowSource, field_paths
 
-__all__ = ["CollatedBatch", "PyTreeDataset", "as_indices", "collate_identity", "collate_tensors"]
+__all__ = ["BATCH_FORMATS", "CollatedBatch", "PyTreeDataset", "as_indices", "collate_arrow", "collate_identity",
+           "collate_tensors"]
+
+#: What ``PyTreeDataset.get_batch(..., format=)`` returns: the collated pytree, or a pyarrow.RecordBatch.
+BATCH_FORMATS = ("pytree", "arrow")
 
 # Datasets holding maps in this process; a forked child closes its inherited copies.
 _OPEN: weakref.WeakSet[PyTreeDataset] = weakref.WeakSet()
@@ -111,6 +115,14 @@ def collate_identity(batch: Any) -> Any:
     anything else is returned unchanged.
     """
     return batch.collated if isinstance(batch, CollatedBatch) else batch
+
+
+def collate_arrow(batch: Any) -> Any:
+    """A torch DataLoader ``collate_fn`` for :class:`PyTreeDataset`: the batch as a ``pyarrow.RecordBatch``
+    (``dataset.get_batch(indices, format="arrow")``); anything else is returned unchanged."""
+    if isinstance(batch, CollatedBatch):
+        return batch.dataset.get_batch(batch.indices, format="arrow")
+    return batch
 
 
 def collate_tensors(batch: Any) -> Any:
@@ -270,9 +282,20 @@ class PyTreeDataset:
         self._ensure()
         return self._item(i)
 
-    def get_batch(self, indices: Any) -> Any:
-        """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring)."""
+    def get_batch(self, indices: Any, format: str = "pytree") -> Any:
+        """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring).
+
+        Args:
+            indices: row indices, a ``range`` or a ``slice``-made range.
+            format: ``"pytree"`` (the collated pytree) or ``"arrow"``: a ``pyarrow.RecordBatch`` with one column
+                per selected leaf path (``tbl_format.to_arrow_batch``; needs ``tbl-loader[arrow]``). A step-1
+                ``range`` within one shard is zero-copy (views of the maps); indices are gathered.
+        """
+        if format not in BATCH_FORMATS:
+            raise ValueError(f"format must be one of {BATCH_FORMATS}, got {format!r}")
         source = self._ensure()
+        if format == "arrow":
+            return self._arrow_batch(source, indices)
         collator = self._collator
         if self._rows is not None or self._verify == "lazy":
             rows = as_indices(indices, self._len)
@@ -291,6 +314,19 @@ class PyTreeDataset:
                 except IndexError:
                     pass
         return collator.batch(source, as_indices(indices, self._len))
+
+    def _arrow_batch(self, source: RowSource, indices: Any) -> Any:
+        if isinstance(indices, slice):
+            indices = range(*indices.indices(self._len))
+        if self._rows is not None:
+            rows: Any = self._rows[as_indices(indices, self._len)]
+        elif isinstance(indices, range) and indices.step == 1:
+            if not (0 <= indices.start and indices.stop <= self._len) and len(indices):
+                raise IndexError(f"rows {indices.start}..{indices.stop} out of range for {self._len} rows")
+            rows = indices
+        else:
+            rows = as_indices(indices, self._len)
+        return tbl_format.to_arrow_batch(source.dataset, rows, leaves=self._collator.paths)
 
     def __getitems__(self, indices: list[int]) -> CollatedBatch:
         """torch DataLoader's batched fetch (torch >= 2.2): a :class:`CollatedBatch`.

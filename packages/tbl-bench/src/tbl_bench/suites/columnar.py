@@ -1,0 +1,242 @@
+"""Generic samples read and written as columns: TBL's Arrow batches and get_batch against Lance.
+
+Workload: 200,000 rows (20,000 in a quick run) of ``{"x": (64,) float32,
+"text": 10-200 chars, "id": int, "tags": 0-8 ints}`` (seeded), one .tbl file
+and one Lance dataset of the same rows. Configurations (``op``):
+
+=====================  ====================================================================
+tbl-arrow/scan         ``PyTreeDataset.get_batch(range(a, a + 1024), format="arrow")`` over every row
+tbl-pytree/scan        ``get_batch(range(a, a + 1024))``: the collated pytree (str as a list)
+lance/scan             baseline: ``lance.dataset(path).to_batches(batch_size=1024)``
+tbl-arrow/take         1,024 random rows a batch (an epoch covers every row once), Arrow
+tbl-pytree/take        the same batches through ``get_batch``
+lance/take             baseline: the same batches through ``LanceDataset.take``
+tbl/write              ``tbl_format.write(rows, path)`` of every row (rows already in memory)
+lance/write            baseline: ``lance.write_dataset(pa.Table.from_pylist(rows))`` of the same rows
+=====================  ====================================================================
+
+Reads are the *produce* level (batches are made and dropped). Writes time one
+dataset written per epoch into a fresh directory, and record its size on disk
+(``info["bytes"]``) and peak RSS. Lance runs with ``--peers``,
+in the peer interpreter (pylance is in the `peers` extra). The module imports only the standard library and numpy at top level.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tbl_bench.config import Config
+from tbl_bench.context import BenchContext, DataUnavailable
+
+NAME = "columnar"
+TITLE = "Column scans, random batches and writes of generic samples"
+UNIT = "rows/s"
+COMPARE_ON = ("op",)
+
+ROWS = 200_000
+QUICK_ROWS = 20_000
+BATCH = 1024
+READ_OPS = ("scan", "take")
+
+
+def make_rows(n: int, seed: int = 0) -> list[dict]:
+    """The rows, in memory: x (64,) float32, text of 10-200 lowercase letters and spaces, id, tags of 0-8 ints."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 64)).astype(np.float32)
+    lengths = rng.integers(10, 201, n)
+    tag_counts = rng.integers(0, 9, n)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ", np.uint8)
+    text = bytes(letters[rng.integers(0, letters.shape[0], int(lengths.sum()))]).decode()
+    ends = np.cumsum(lengths).tolist()
+    starts = [0, *ends[:-1]]
+    return [{"x": x[i], "text": text[starts[i] : ends[i]], "id": i, "tags": list(range(int(tag_counts[i])))}
+            for i in range(n)]
+
+
+def write_tbl(dst: str, rows: int) -> None:
+    from tbl_format import write
+
+    write(make_rows(rows), dst, variable=["tags"])
+
+
+def _arrow_table(rows: list[dict]):
+    import pyarrow as pa
+
+    schema = pa.schema([("x", pa.list_(pa.float32(), 64)), ("text", pa.large_string()), ("id", pa.int64()),
+                        ("tags", pa.large_list(pa.int64()))])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_lance(dst: str, rows: int) -> None:
+    """Peer preparation: the same rows as a Lance dataset."""
+    import lance
+
+    lance.write_dataset(_arrow_table(make_rows(rows)), dst)
+
+
+def _dir_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+class _Reads:
+    """One epoch: every row, in 1,024-row batches, in file order (scan) or in random batches (take)."""
+
+    def __init__(self, read, rows: int, op: str):
+        self.read, self.rows, self.op = read, rows, op
+        self.items_per_epoch = rows
+        self.batches: list = []
+        self.info: dict = {}
+
+    def prepare_epoch(self, epoch: int) -> None:
+        if self.op == "take":
+            perm = np.random.default_rng(epoch).permutation(self.rows)
+            self.batches = [np.sort(perm[a : a + BATCH]) for a in range(0, self.rows, BATCH)]
+
+    def run_epoch(self, epoch: int) -> int:
+        return self.read(self.batches)
+
+    def close(self) -> None:
+        self.read = None
+
+
+def tbl_reads(path: str, op: str, fmt: str, rows: int):
+    """Workload factory: PyTreeDataset(path).get_batch in 1,024-row batches, ``fmt`` "arrow" or "pytree"."""
+    from tbl_loader import PyTreeDataset
+
+    if op not in READ_OPS or fmt not in ("arrow", "pytree"):
+        raise ValueError(f"op must be one of {READ_OPS} and fmt arrow or pytree, got {op!r}, {fmt!r}")
+    ds = PyTreeDataset(path)
+    get_batch = ds.get_batch
+
+    def read(batches) -> int:
+        n = 0
+        if op == "scan":
+            for a in range(0, rows, BATCH):
+                b = get_batch(range(a, min(a + BATCH, rows)), format=fmt)
+                n += b.num_rows if fmt == "arrow" else len(b["id"])
+            return n
+        for idx in batches:
+            b = get_batch(idx, format=fmt)
+            n += b.num_rows if fmt == "arrow" else len(b["id"])
+        return n
+
+    return _Reads(read, rows, op)
+
+
+def lance_reads(path: str, op: str, rows: int):
+    """Workload factory: a Lance dataset, scanned with to_batches(1024) or read with take(batch)."""
+    import lance
+
+    if op not in READ_OPS:
+        raise ValueError(f"op must be one of {READ_OPS}, got {op!r}")
+    ds = lance.dataset(path)
+
+    def read(batches) -> int:
+        n = 0
+        if op == "scan":
+            for b in ds.to_batches(batch_size=BATCH):
+                n += b.num_rows
+            return n
+        for idx in batches:
+            n += ds.take(idx).num_rows
+        return n
+
+    reads = _Reads(read, rows, op)
+    reads.info["lance"] = lance.__version__
+    return reads
+
+
+class _Writes:
+    """One epoch: every row written into a fresh directory; the previous epoch's output is removed untimed."""
+
+    def __init__(self, write, rows: int):
+        self.write, self.rows_list = write, make_rows(rows)
+        self.items_per_epoch = rows
+        self.root = Path(tempfile.mkdtemp(prefix="tbl-bench-columnar-"))
+        self.dst: Path | None = None
+        self.info: dict = {}
+
+    def prepare_epoch(self, epoch: int) -> None:
+        if self.dst is not None:
+            shutil.rmtree(self.dst, ignore_errors=True) if self.dst.is_dir() else self.dst.unlink(missing_ok=True)
+        self.dst = self.root / f"epoch-{epoch}"
+
+    def run_epoch(self, epoch: int) -> int:
+        self.write(self.rows_list, self.dst)
+        self.info["bytes"] = _dir_bytes(self.dst)
+        return len(self.rows_list)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def tbl_writes(rows: int, op: str = "write"):
+    """Workload factory: tbl_format.write of every row per epoch (``op`` names the configuration's operation)."""
+    from tbl_format import write
+
+    return _Writes(lambda rs, dst: write(rs, dst, variable=["tags"]), rows)
+
+
+def lance_writes(rows: int, op: str = "write"):
+    """Workload factory: pa.Table.from_pylist + lance.write_dataset of every row per epoch."""
+    import lance
+
+    w = _Writes(lambda rs, dst: lance.write_dataset(_arrow_table(rs), str(dst)), rows)
+    w.info["lance"] = lance.__version__
+    return w
+
+
+def configurations(ctx: BenchContext) -> list[Config]:
+    rows = QUICK_ROWS if ctx.quick else ROWS
+    reads = {"warmup": 1, "epochs": 2 if ctx.quick else 5, "unit": UNIT, "rss": False,
+             "preimport": ["numpy", "pyarrow"]}
+    writes = {"warmup": 0, "epochs": 1 if ctx.quick else 3, "unit": UNIT, "rss": True,
+              "preimport": ["numpy", "pyarrow"]}
+    tbl_path = str(ctx.artifact(f"columnar-{rows}.tbl", {"kind": "columnar", "rows": rows},
+                                lambda p: write_tbl(str(p), rows)))
+    configs = [Config(NAME, f"tbl-{fmt}/{op}", "tbl", "tbl_bench.suites.columnar:tbl_reads",
+                      {"path": tbl_path, "op": op, "fmt": fmt, "rows": rows}, **reads)
+               for op in READ_OPS for fmt in ("arrow", "pytree")]
+    configs.append(Config(NAME, "tbl/write", "tbl", "tbl_bench.suites.columnar:tbl_writes", {"rows": rows, "op": "write"},
+                          **writes))
+    if ctx.peers:
+        try:
+            lance_path, skip = str(ctx.peer_artifact(f"columnar-{rows}.lance", {"kind": "columnar", "rows": rows},
+                                                     "tbl_bench.suites.columnar:write_lance", {"rows": rows})), None
+        except DataUnavailable as e:
+            lance_path, skip = "", str(e)
+        configs += [Config(NAME, f"lance/{op}", "lance", "tbl_bench.suites.columnar:lance_reads",
+                           {"path": lance_path, "op": op, "rows": rows}, role="baseline", peer=True, skip=skip, **reads)
+                    for op in READ_OPS]
+        configs.append(Config(NAME, "lance/write", "lance", "tbl_bench.suites.columnar:lance_writes",
+                              {"rows": rows, "op": "write"}, role="baseline", peer=True, **writes))
+    return configs
+
+
+def ratios(results: dict[str, dict]) -> dict[str, float]:
+    """Same-run ratios: TBL Arrow against get_batch and Lance, writes and sizes against Lance."""
+    def rate(name: str) -> float | None:
+        r = results.get(name) or {}
+        return r.get("throughput")
+
+    out = {}
+    for op in READ_OPS:
+        arrow, pytree, lance = rate(f"tbl-arrow/{op}"), rate(f"tbl-pytree/{op}"), rate(f"lance/{op}")
+        if arrow and pytree:
+            out[f"{op}: arrow vs get_batch"] = arrow / pytree
+        if arrow and lance:
+            out[f"{op}: arrow vs lance"] = arrow / lance
+    tw, lw = rate("tbl/write"), rate("lance/write")
+    if tw and lw:
+        out["write: tbl vs lance rows/s"] = tw / lw
+    tb = ((results.get("tbl/write") or {}).get("info") or {}).get("bytes")
+    lb = ((results.get("lance/write") or {}).get("info") or {}).get("bytes")
+    if tb and lb:
+        out["size: tbl / lance bytes"] = tb / lb
+    return out
