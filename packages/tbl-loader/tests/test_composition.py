@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_tree_equal
+from conftest import PER_SAMPLE, assert_tree_equal
 
 import tbl_format
 import tbl_loader
@@ -41,7 +41,8 @@ torch = pytest.importorskip("torch")
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 ROWS, SHARD_ROWS, BATCH, SEED = 48, 8, 8, 5
-KINDS = ("fixed", "variable_raw", "variable_jpeg", "pytree", "tokens")
+# Variable-size kinds need tbl-kernels 0.2; with the oldest kernels the pin admits, their cells are not collected.
+KINDS = ("fixed", *(("variable_raw", "variable_jpeg") if PER_SAMPLE else ()), "pytree", "tokens")
 PATHS = ("prefetch", "resume", "two_ranks", "url", "fields", "dataloader_fork", "dataloader_spawn",
          "dataloader_forkserver", "mix")
 # Cells that do not exist: a token stream has no per-sample leaves to select.

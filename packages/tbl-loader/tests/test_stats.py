@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import N_IMAGES
+from conftest import N_IMAGES, needs_per_sample
 
 import tbl_format
 from tbl_loader import ImageLoader, PyTreeLoader, TokenLoader, write_tokens
@@ -108,6 +108,7 @@ def test_ranks_count_their_own(dataset_path):
     assert [s["samples"] for s in stats] == [51, 51]  # 101 rows padded by wrapping to 102, split in two
 
 
+@needs_per_sample  # JPEG rows are decoded per sample
 def test_jpeg_decode_rows_counted(tmp_path):
     simplejpeg = pytest.importorskip("simplejpeg")
     schema = tbl_format.Schema({"image": tbl_format.Leaf("encoded_image", format="jpeg"),

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_per_sample
 
 import tbl_format
 
 pytest.importorskip("torch")
 simplejpeg = pytest.importorskip("simplejpeg")
+pytestmark = needs_per_sample  # a variable-size JPEG dataset
 
 ROWS, SHARD_ROWS, EPOCHS = 64, 8, 2
 HERE = Path(__file__).parent

@@ -28,10 +28,9 @@ import torch
 import tbl_format
 from tbl_loader import IMAGENET_MEAN, IMAGENET_STD, Batch, RandomResizedCrop
 from tbl_loader.errors import ImageGeometryError, LoaderClosedError, UnsupportedCombinationError
-from tbl_loader.image import ImageColumns, ImageSpec
+from tbl_loader.image import VARIABLE_IMAGE_KINDS, ImageColumns, ImageSpec
 from tbl_loader.image import variable_source as variable
 from tbl_loader.image.gpu_decode import resample_batch
-from tbl_loader.image.spec import VARIABLE_IMAGE_KINDS
 from tbl_loader.stream import (
     BatchPlan,
     EpochOrder,

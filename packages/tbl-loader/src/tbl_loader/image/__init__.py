@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from . import gpu_decode, variable_source
 from .loader import ImageLoader
-from .spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, ImageColumns, ImageSpec, RandomResizedCrop
+from .spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, VARIABLE_IMAGE_KINDS, ImageColumns, ImageSpec, RandomResizedCrop
 from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset, PassPlan
 
 __all__ = [
@@ -18,4 +19,7 @@ __all__ = [
     "LAYOUTS",
     "PassPlan",
     "RandomResizedCrop",
+    "VARIABLE_IMAGE_KINDS",
+    "gpu_decode",
+    "variable_source",
 ]
