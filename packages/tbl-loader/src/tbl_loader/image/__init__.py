@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from . import gpu_decode, variable_source
 from .loader import ImageLoader
-from .spec import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, VARIABLE_IMAGE_KINDS, ImageColumns, ImageSpec, RandomResizedCrop
+from .spec import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    LAYOUTS,
+    VARIABLE_IMAGE_KINDS,
+    ImageColumns,
+    ImageSpec,
+    RandomResizedCrop,
+)
 from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset, PassPlan
 
 __all__ = [
