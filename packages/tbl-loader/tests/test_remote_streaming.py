@@ -239,7 +239,7 @@ def test_token_loader_streams_from_a_url(s3_server, local_tokens, tokens_url, tm
             a.set_epoch(epoch)
             b.set_epoch(epoch)
             for x, y in zip(a, b, strict=True):
-                assert np.array_equal(x, y)
+                assert np.array_equal(x.tokens, y.tokens) and np.array_equal(x.indices, y.indices)
         assert b.dataset._fetch_shard.cache.size() <= remote_opts["cache_limit"]
     # Windows of the first shards only (rows=): only those shards are downloaded.
     first = 4096 // 100 - 2  # windows that end inside the first shard, whatever the epoch's offset
@@ -250,14 +250,14 @@ def test_token_loader_streams_from_a_url(s3_server, local_tokens, tokens_url, tm
         assert hook.cache.downloads == 1 + 1  # the window shard, and the last shard (the stream's length)
     # Resumed mid-epoch from the URL: the rest of the same stream.
     with TokenLoader(local_tokens, **opts) as straight:
-        want = [np.array(x) for x in straight]
+        want = [np.array(x.tokens) for x in straight]
     with TokenLoader(tokens_url, **opts, **remote_opts) as first_run:
         it = iter(first_run)
-        head = [np.array(next(it)) for _ in range(3)]
+        head = [np.array(next(it).tokens) for _ in range(3)]
         state = first_run.state_dict()
     with TokenLoader(tokens_url, **opts, **remote_opts) as resumed:
         resumed.load_state_dict(state)
-        tail = [np.array(x) for x in resumed]
+        tail = [np.array(x.tokens) for x in resumed]
     assert len(head + tail) == len(want)
     assert all(np.array_equal(x, y) for x, y in zip(head + tail, want, strict=True))
 
