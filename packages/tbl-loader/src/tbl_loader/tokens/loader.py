@@ -52,6 +52,7 @@ from ..stream.order import BatchPlan
 from ..stream.subset import resolve_rows
 from .batch import TokenBatch
 from .documents import BOUNDARY_FIELDS, STARTS, boundary_fields, document_starts, slot_documents
+from .packing import PackPlan, pack_documents
 
 __all__ = ["TAG_TOKEN_OFFSET", "TOKEN_DTYPES", "TokenLoader", "window_offset", "write_tokens"]
 
@@ -193,7 +194,8 @@ class _TokenSource:
     """
 
     def __init__(self, dataset: Any, chunk: int, count: int, seq_len: int, seed: int, shuffle: bool,
-                 out_dtype: np.dtype, map_all: bool, starts: np.ndarray | None = None) -> None:
+                 out_dtype: np.dtype, map_all: bool, starts: np.ndarray | None = None,
+                 plan: PackPlan | None = None) -> None:
         self.dataset = dataset
         self.chunk = chunk
         self.shards = [k for k, rows in enumerate(dataset.segment_rows) if rows]  # the shard of each flat
@@ -216,6 +218,7 @@ class _TokenSource:
         self._offset: tuple[int, int] | None = None  # (epoch, window_offset of that epoch)
         self.documents = starts  # the document index (stream offsets), or None: no boundary fields
         self.masked = _MASK in dataset.leaf_paths
+        self.plan = plan  # packed rows instead of windows
 
     def begin_pass(self, epoch_order: Any) -> None:
         """Nothing to schedule (a window maps, and fetches, its shards as it reads them). A local stream maps
@@ -227,7 +230,7 @@ class _TokenSource:
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         t = self.seq_len
         buffers = {"tokens": allocate_host((capacity, t + 1), self.out_dtype, output)}
-        if self.documents is not None:
+        if self.documents is not None or self.plan is not None:
             buffers["position_ids"] = allocate_host((capacity, t), np.dtype(np.int64), output)
             buffers["document_ids"] = allocate_host((capacity, t), np.dtype(np.int64), output)
             buffers["cu_seqlens"] = allocate_host((capacity, t + 1), np.dtype(np.int32), output)
@@ -275,7 +278,44 @@ class _TokenSource:
                     pos += take
                     kk += 1
 
+    def gather(self, columns: Any, positions: np.ndarray, out: np.ndarray) -> None:
+        """``out[i]`` = stream slot ``positions[i]`` of ``columns`` (one fancy index per shard touched)."""
+        shard = np.searchsorted(self.starts, positions, side="right") - 1
+        for k in np.unique(shard).tolist():
+            sel = shard == k
+            out[sel] = columns[k][positions[sel] - self._starts[k]]
+
+    def fill_packed(self, buffers: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        """Rows of the packing plan: every piece's tokens at its slots, padding elsewhere; then the fields.
+        Vectorized over the batch's slots: no Python loop per piece or token."""
+        pack, n, width = self.plan, rows.shape[0], self.seq_len + 1
+        lo, hi = pack.row_ptr[rows], pack.row_ptr[rows + 1]
+        counts = hi - lo
+        piece = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        lens = pack.length[piece]
+        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        r = np.repeat(np.repeat(np.arange(n), counts), lens)
+        c = np.repeat(pack.slot[piece], lens) + within
+        positions = np.repeat(pack.start[piece], lens) + within
+        tokens = buffers["tokens"][:n]
+        tokens[:] = 0  # padding
+        values = np.empty(positions.shape[0], tokens.dtype)
+        self.gather(self._columns, positions, values)
+        tokens[r, c] = values
+        doc = np.full((n, width), -1, np.int64)
+        doc[r, c] = np.repeat(pack.document[piece], lens)
+        mask = None
+        if self.masked:
+            mask = np.zeros((n, width), np.uint8)
+            stored = np.empty(positions.shape[0], np.uint8)
+            self.gather(_LazyColumns(self, _MASK), positions, stored)
+            mask[r, c] = stored
+        boundary_fields(doc, mask, buffers)
+
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
+        if self.plan is not None:
+            self.fill_packed(buffers, plan.sample_ids.astype(np.int64))
+            return
         width = self.seq_len + 1
         begin = self.offset(plan.epoch) + plan.sample_ids.astype(np.int64) * self.seq_len
         self.copy(self._columns, buffers["tokens"], begin, width)
@@ -308,7 +348,9 @@ class TokenLoader(HostLoader):
     copying). ``shuffle`` (window order and per-epoch offset), ``seed``, ``drop_last``, ``rank`` /
     ``world_size``, ``padding``, ``prefetch``, ``backend``, ``device``, ``pin_memory``: as in
     ImageLoader. ``boundaries=True``: batches carry the document boundary fields (:class:`TokenBatch`;
-    the document index of every shard is read at construction). ``rows`` / ``subsample``: a subset of the window numbers ``0 .. W - 1``
+    the document index of every shard is read at construction). ``pack="first_fit" | "best_fit"``:
+    rows of whole documents instead of windows (:mod:`tbl_loader.tokens.packing`; ``pack_buffer``
+    open rows at most; the fields always on; ``padding_fraction``). ``rows`` / ``subsample``: a subset of the window numbers ``0 .. W - 1``
     (:mod:`tbl_loader.stream.subset`; e.g. a held-out range of the stream). Batches are
     :class:`TokenBatch`: ``tokens`` ``(B, T + 1)`` and ``indices`` (window numbers), arrays or tensors. ``path`` may be a URL (``s3://...``; the remote
     extra): the windows read shards through the local shard cache (``cache_dir``, ``cache_limit``,
@@ -320,7 +362,8 @@ class TokenLoader(HostLoader):
                  world_size: int | None = None, padding: str = "wrap", prefetch: int = 2,
                  backend: str | None = None, device: Any = None, pin_memory: bool = False, rows: Any = None,
                  subsample: float | None = None, cache_dir: Any = None, cache_limit: Any = None,
-                 storage_options: dict[str, Any] | None = None, boundaries: bool = False) -> None:
+                 storage_options: dict[str, Any] | None = None, boundaries: bool = False,
+                 pack: str | None = None, pack_buffer: int = 64) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise TokenError(f"seq_len must be an int >= 1, got {seq_len!r}")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
@@ -344,20 +387,26 @@ class TokenLoader(HostLoader):
             if not 0 < int(last[-1]) <= chunk:
                 raise TokenError(f"{path}: rows must hold {chunk} tokens each, but for the last")
             count = (sum(dataset.segment_rows) - 1) * chunk + int(last[-1])
-            windows = (count - seq_len) // seq_len
-            if windows < 1:
-                raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
+            # The index of every shard, read now (a URL's shards are fetched for it): boundaries need all of it.
+            starts = document_starts(dataset, nonempty, chunk) if boundaries or pack is not None else None
+            plan, settings = None, {"seq_len": seq_len}
+            if pack is not None:
+                plan = pack_documents(starts, count, seq_len, pack, pack_buffer, options.seed, options.shuffle)
+                windows = plan.rows  # the samples are the packed rows
+                settings.update(pack=pack, pack_buffer=pack_buffer)
+            else:
+                windows = (count - seq_len) // seq_len
+                if windows < 1:
+                    raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
             out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(dataset.schema.leaves[_LEAF].dtype)
             if out_dtype.kind not in "iu":
                 raise TokenError(f"dtype must be an integer dtype, got {dtype!r}")
             subset = resolve_rows(windows, rows, subsample)  # a subset of the windows (same in every epoch)
             cursor = StreamCursor(windows if subset is None else subset.shape[0], options,
                                   dataset_fingerprint=dataset.fingerprint,
-                                  settings={"tokens": {"seq_len": seq_len}}, rows=subset)
-            # The index of every shard, read now (a URL's shards are fetched for it): boundaries need all of it.
-            starts = document_starts(dataset, nonempty, chunk) if boundaries else None
+                                  settings={"tokens": settings}, rows=subset)
             source = _TokenSource(dataset, chunk, count, seq_len, options.seed, options.shuffle, out_dtype,
-                                  map_all=not is_url(path), starts=starts)
+                                  map_all=not is_url(path), starts=starts if boundaries else None, plan=plan)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
                                     closers=[dataset.close])
         except BaseException:
@@ -367,6 +416,12 @@ class TokenLoader(HostLoader):
         self.dataset = dataset
         self.seq_len = seq_len
         self.num_tokens = count
+        self.pack_plan = plan
+
+    @property
+    def padding_fraction(self) -> float | None:
+        """Packing: the fraction of the packed rows' slots that hold padding (None for windows)."""
+        return None if self.pack_plan is None else self.pack_plan.padding_fraction
 
     def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> TokenBatch:
         fields = {name: outputs[name] for name in BOUNDARY_FIELDS if name in outputs}
