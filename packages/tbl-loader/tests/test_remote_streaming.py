@@ -262,6 +262,31 @@ def test_token_loader_streams_from_a_url(s3_server, local_tokens, tokens_url, tm
     assert all(np.array_equal(x, y) for x, y in zip(head + tail, want, strict=True))
 
 
+def test_token_documents_stream_from_a_url(s3_server, local_tokens, tokens_url, tmp_path):
+    """Packed rows and their boundary fields from a URL through a quarter-size shard cache equal the local ones,
+    also resumed mid-epoch (the document index of every shard is read through the cache at construction)."""
+    from tbl_loader import TokenLoader
+
+    cache_limit = sum(_shard_bytes(local_tokens)) // 4
+    remote_opts = dict(cache_dir=tmp_path, cache_limit=cache_limit, storage_options=s3_server.storage_options)
+    opts = dict(batch_size=8, seq_len=100, seed=6, backend="numpy", pack="best_fit")
+    fields = ("tokens", "indices", "position_ids", "document_ids", "cu_seqlens", "loss_mask")
+    with TokenLoader(local_tokens, **opts) as local:
+        want = [{f: np.array(getattr(b, f)) for f in fields} for b in local]
+    with TokenLoader(tokens_url, **opts, **remote_opts) as first:
+        it = iter(first)
+        got = [next(it) for _ in range(2)]
+        got = [{f: np.array(getattr(b, f)) for f in fields} for b in got]
+        state = first.state_dict()
+    with TokenLoader(tokens_url, **opts, **remote_opts) as resumed:
+        resumed.load_state_dict(state)
+        got += [{f: np.array(getattr(b, f)) for f in fields} for b in resumed]
+        assert resumed.dataset._fetch_shard.cache.size() <= cache_limit
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert all(np.array_equal(a[f], b[f]) for f in fields)
+
+
 # ---- DataLoader workers over a URL: fork, spawn, forkserver ----------------------------------------
 
 
