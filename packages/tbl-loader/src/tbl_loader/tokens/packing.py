@@ -90,41 +90,55 @@ def pack_documents(starts: np.ndarray, count: int, seq_len: int, mode: str, buff
 
 
 def _first_fit(lengths: list[int], width: int, buffer: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row and slot of each piece: the oldest open row with room, among at most ``buffer`` open rows."""
+    """Row and slot of each piece: the oldest open row with room, among at most ``buffer`` open rows.
+
+    Open rows sit in ``room[head:tail]`` in opening order (-1 marks a row closed since), so the oldest row
+    that fits is one vectorized search of at most a few ``buffer`` entries, not a Python scan.
+    """
     row = np.empty(len(lengths), np.int64)
     slot = np.empty(len(lengths), np.int64)
-    members: list[list[int]] = []  # pieces of each open row, oldest row first
-    room = np.zeros(0, np.int64)  # room of each open row, same order
-    closed = 0
+    room = np.full(4 * buffer, -1, np.int64)
+    members: dict[int, list[int]] = {}  # position in ``room`` -> pieces of that open row
+    head = tail = closed = 0
+
+    def close(at: int) -> None:
+        nonlocal closed
+        for q in members.pop(at):
+            row[q] = closed
+        closed += 1
+        room[at] = -1
+
     for p, n in enumerate(lengths):
         if n == width:  # a full piece is a row of its own
             row[p], slot[p] = closed, 0
             closed += 1
             continue
-        fits = np.flatnonzero(room >= n)
-        if fits.shape[0]:
-            i = int(fits[0])
+        open_rooms = room[head:tail]
+        i = int(np.argmax(open_rooms >= n)) if tail > head else 0
+        if tail > head and open_rooms[i] >= n:
+            at = head + i
         else:
             if len(members) == buffer:  # close the oldest row
-                for q in members.pop(0):
-                    row[q] = closed
-                closed += 1
-                room = room[1:]
-            members.append([])
-            room = np.append(room, width)
-            i = len(members) - 1
-        slot[p] = width - room[i]
-        members[i].append(p)
-        room[i] -= n
-        if room[i] == 0:  # a full row closes at once
-            for q in members.pop(i):
-                row[q] = closed
-            closed += 1
-            room = np.delete(room, i)
-    for pieces in members:
-        for q in pieces:
-            row[q] = closed
-        closed += 1
+                close(head)
+            if tail == room.shape[0]:  # move the open rows to the front, in order
+                live = np.flatnonzero(room[:tail] >= 0)
+                room[: live.shape[0]] = room[live]
+                room[live.shape[0] :] = -1
+                members = {k: members[int(old)] for k, old in enumerate(live.tolist())}
+                head, tail = 0, live.shape[0]
+            at = tail
+            tail += 1
+            room[at] = width
+            members[at] = []
+        slot[p] = width - room[at]
+        members[at].append(p)
+        room[at] -= n
+        if room[at] == 0:  # a full row closes at once
+            close(at)
+        while head < tail and room[head] < 0:
+            head += 1
+    for at in sorted(members):
+        close(at)
     return row, slot
 
 
