@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -278,38 +279,39 @@ class _TokenSource:
                     pos += take
                     kk += 1
 
-    def gather(self, columns: Any, positions: np.ndarray, out: np.ndarray) -> None:
-        """``out[i]`` = stream slot ``positions[i]`` of ``columns`` (one fancy index per shard touched)."""
-        shard = np.searchsorted(self.starts, positions, side="right") - 1
-        for k in np.unique(shard).tolist():
-            sel = shard == k
-            out[sel] = columns[k][positions[sel] - self._starts[k]]
+    def copy_span(self, columns: Any, out: np.ndarray, begin: int) -> None:
+        """``out`` (1-D) = the stream's ``columns`` from slot ``begin`` on, copied by slices (shards crossed)."""
+        starts, ends = self._starts, self._ends
+        k = bisect_right(starts, begin) - 1
+        at, pos, width = 0, begin, out.shape[0]
+        while at < width:
+            take = min(ends[k] - pos, width - at)
+            out[at : at + take] = columns[k][pos - starts[k] : pos - starts[k] + take]
+            at += take
+            pos += take
+            k += 1
 
     def fill_packed(self, buffers: dict[str, np.ndarray], rows: np.ndarray) -> None:
         """Rows of the packing plan: every piece's tokens at its slots, padding elsewhere; then the fields.
-        Vectorized over the batch's slots: no Python loop per piece or token."""
+        One slice copy per piece (a document, or a row-long part of one), never a Python step per token."""
         pack, n, width = self.plan, rows.shape[0], self.seq_len + 1
         lo, hi = pack.row_ptr[rows], pack.row_ptr[rows + 1]
         counts = hi - lo
         piece = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
-        lens = pack.length[piece]
-        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-        r = np.repeat(np.repeat(np.arange(n), counts), lens)
-        c = np.repeat(pack.slot[piece], lens) + within
-        positions = np.repeat(pack.start[piece], lens) + within
         tokens = buffers["tokens"][:n]
         tokens[:] = 0  # padding
-        values = np.empty(positions.shape[0], tokens.dtype)
-        self.gather(self._columns, positions, values)
-        tokens[r, c] = values
         doc = np.full((n, width), -1, np.int64)
-        doc[r, c] = np.repeat(pack.document[piece], lens)
-        mask = None
-        if self.masked:
-            mask = np.zeros((n, width), np.uint8)
-            stored = np.empty(positions.shape[0], np.uint8)
-            self.gather(_LazyColumns(self, _MASK), positions, stored)
-            mask[r, c] = stored
+        mask = np.zeros((n, width), np.uint8) if self.masked else None
+        mask_columns = _LazyColumns(self, _MASK)
+        columns = self._columns
+        for b, start, length, slot, document in zip(np.repeat(np.arange(n), counts).tolist(),
+                                                    pack.start[piece].tolist(), pack.length[piece].tolist(),
+                                                    pack.slot[piece].tolist(), pack.document[piece].tolist(),
+                                                    strict=True):
+            self.copy_span(columns, tokens[b, slot : slot + length], start)
+            doc[b, slot : slot + length] = document
+            if mask is not None:
+                self.copy_span(mask_columns, mask[b, slot : slot + length], start)
         boundary_fields(doc, mask, buffers)
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
