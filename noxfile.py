@@ -63,7 +63,8 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS)
     # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
     # object-store tests (a local cluster, a local S3 server) instead of skipping them.
-    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]",
+    # tbl-bench's [packing] brings Grain, the packing benchmark's baseline (its test runs instead of skipping).
+    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos,packing]", str(PKG / "tbl-format") + "[lz4]",
                       str(PKG / "tbl-loader") + "[jpeg,ray,remote]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
