@@ -5,14 +5,19 @@ into rows of ``chunk`` tokens: leaf ``"tokens"``, a fixed-shape array
 ``(chunk,)`` of an unsigned integer dtype, so each shard's column
 ``(rows, chunk)`` is, read flat, a zero-copy slice of the stream; leaf
 ``"length"`` (int) the tokens used in the row (``chunk``, except in the last
-row, whose rest is zeros). Metadata::
+row, whose rest is zeros); leaf ``"starts"`` (list of ints) the offsets in the
+row of the tokens that start a document (the document index); optional leaf
+``"loss_mask"`` (``(chunk,)`` uint8) 1 where a token is a training target.
+Metadata::
 
-    {"tokens": {"chunk": chunk, "dtype": "uint16", "eos": id or null}}
+    {"tokens": {"chunk": chunk, "dtype": "uint16", "eos": id or null, "loss_mask": bool}}
 
-Any tokenizer's integer output can be written (no tokenizer dependency):
-:func:`write_tokens` takes an iterable of documents (sequences or arrays of
-ints), appends ``eos`` after each when given, checks that every id fits the
-dtype, and writes shards of ``shard_tokens`` tokens (rounded to whole chunks).
+(tbl-format's SPEC.md section 9; a dataset written before the index has no
+``starts`` and reads as one document per shard.) Any tokenizer's integer output
+can be written (no tokenizer dependency): :func:`write_tokens` takes an iterable
+of documents (sequences or arrays of ints, or ``(tokens, loss_mask)`` pairs),
+appends ``eos`` after each when given, checks that every id fits the dtype, and
+writes shards of ``shard_tokens`` tokens (rounded to whole chunks).
 
 Windows (:class:`TokenLoader`). With ``T = seq_len``, window ``j`` of epoch
 ``e`` holds tokens ``[o_e + j * T, o_e + j * T + T + 1)``: consecutive windows
@@ -27,6 +32,9 @@ another world size or batch size) and prefetch are those of every loader: a
 epoch permutation, and a :class:`~tbl_loader.host.HostPipeline` whose producer thread
 copies each window from the mapped shards into the batch buffer (a window
 that crosses a shard boundary is copied in two parts).
+
+Documents (``boundaries=True``, :mod:`tbl_loader.tokens.documents`) and packed
+rows (``pack=...``, :mod:`tbl_loader.tokens.packing`) are described there.
 """
 
 from __future__ import annotations
