@@ -63,16 +63,20 @@ def boundary_fields(doc: np.ndarray, target_mask: np.ndarray | None, out: dict[s
     start = np.empty((n, width), bool)
     start[:, 0] = True
     np.not_equal(doc[:, 1:], doc[:, :-1], out=start[:, 1:])
-    inputs = start[:, :t]
-    steps = np.arange(t, dtype=np.int64)
-    last_start = np.maximum.accumulate(np.where(inputs, steps, 0), axis=1)
-    np.subtract(steps, last_start, out=out["position_ids"][:n])
+    # The batch's inputs read as one flat sequence (every row starts a segment): a slot's position is its
+    # distance to the start of its segment, each start repeated over its segment (no running scan: a
+    # cumulative sum or maximum costs ten times more here).
+    inputs = start[:, :t].reshape(-1)
+    first = np.flatnonzero(inputs)  # flat slot of every segment start, in order
+    positions = np.arange(n * t, dtype=np.int64)
+    positions -= np.repeat(first, np.diff(first, append=n * t))
+    out["position_ids"][:n] = positions.reshape(n, t)
     out["document_ids"][:n] = doc[:, :t]
     cu = out["cu_seqlens"][:n]
     cu[:] = t
-    rows, cols = np.nonzero(inputs)  # row-major: each row's starts in order
-    counts = inputs.sum(axis=1)
-    rank = np.arange(rows.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
+    rows, cols = np.divmod(first, t)
+    counts = np.bincount(rows, minlength=n)
+    rank = np.arange(first.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
     cu[rows, rank] = cols
     loss = out["loss_mask"][:n]
     np.logical_not(start[:, 1:], out=loss)
