@@ -13,7 +13,7 @@ import pytest
 
 import tbl_format
 from tbl_loader import TokenLoader, write_tokens
-from tbl_loader.errors import TokenError
+from tbl_loader.errors import StateMismatchError, TokenError
 from tbl_loader.stream import order
 from tbl_loader.tokens.loader import window_offset
 from tbl_loader.tokens.packing import TAG_PACK_ORDER
@@ -308,3 +308,10 @@ def test_document_errors(tmp_path):
         TokenLoader(path, 2, 4, pack="next_fit")
     with pytest.raises(TokenError, match="pack_buffer must be an int >= 1"):
         TokenLoader(path, 2, 4, pack="best_fit", pack_buffer=0)
+    # Packing changes the samples: a state saved with windows, or another packing, is refused by name.
+    with TokenLoader(path, 2, 4, backend="numpy") as windows, TokenLoader(path, 2, 4, pack="best_fit") as packed:
+        with pytest.raises(StateMismatchError, match="tokens.pack"):
+            packed.load_state_dict(windows.state_dict())
+    with TokenLoader(path, 2, 4, pack="first_fit", pack_buffer=2) as a, TokenLoader(path, 2, 4, pack="first_fit") as b:
+        with pytest.raises(StateMismatchError, match="tokens.pack_buffer"):
+            b.load_state_dict(a.state_dict())
