@@ -67,8 +67,9 @@ def tests(session: nox.Session) -> None:
     # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
     # object-store tests (a local cluster, a local S3 server) instead of skipping them; tbl-format's
     # [sql] and tbl-loader's [arrow] run the Arrow export and its DuckDB / Polars tests.
-    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4,sql]",
-                      str(PKG / "tbl-loader") + "[jpeg,ray,remote,arrow]")
+    # tbl-bench's [packing] brings Grain, the packing benchmark's baseline (its test runs instead of skipping).
+    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos,packing]",
+                      str(PKG / "tbl-format") + "[lz4,sql]", str(PKG / "tbl-loader") + "[jpeg,ray,remote,arrow]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:

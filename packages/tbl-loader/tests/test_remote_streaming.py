@@ -251,7 +251,7 @@ def test_token_loader_streams_from_a_url(s3_server, local_tokens, tokens_url, tm
             a.set_epoch(epoch)
             b.set_epoch(epoch)
             for x, y in zip(a, b, strict=True):
-                assert np.array_equal(x, y)
+                assert np.array_equal(x.tokens, y.tokens) and np.array_equal(x.indices, y.indices)
         assert b.dataset._fetch_shard.cache.size() <= remote_opts["cache_limit"]
     # Windows of the first shards only (rows=): only those shards are downloaded.
     first = 4096 // 100 - 2  # windows that end inside the first shard, whatever the epoch's offset
@@ -262,16 +262,41 @@ def test_token_loader_streams_from_a_url(s3_server, local_tokens, tokens_url, tm
         assert hook.cache.downloads == 1 + 1  # the window shard, and the last shard (the stream's length)
     # Resumed mid-epoch from the URL: the rest of the same stream.
     with TokenLoader(local_tokens, **opts) as straight:
-        want = [np.array(x) for x in straight]
+        want = [np.array(x.tokens) for x in straight]
     with TokenLoader(tokens_url, **opts, **remote_opts) as first_run:
         it = iter(first_run)
-        head = [np.array(next(it)) for _ in range(3)]
+        head = [np.array(next(it).tokens) for _ in range(3)]
         state = first_run.state_dict()
     with TokenLoader(tokens_url, **opts, **remote_opts) as resumed:
         resumed.load_state_dict(state)
-        tail = [np.array(x) for x in resumed]
+        tail = [np.array(x.tokens) for x in resumed]
     assert len(head + tail) == len(want)
     assert all(np.array_equal(x, y) for x, y in zip(head + tail, want, strict=True))
+
+
+def test_token_documents_stream_from_a_url(s3_server, local_tokens, tokens_url, tmp_path):
+    """Packed rows and their boundary fields from a URL through a quarter-size shard cache equal the local ones,
+    also resumed mid-epoch (the document index of every shard is read through the cache at construction)."""
+    from tbl_loader import TokenLoader
+
+    cache_limit = sum(_shard_bytes(local_tokens)) // 4
+    remote_opts = dict(cache_dir=tmp_path, cache_limit=cache_limit, storage_options=s3_server.storage_options)
+    opts = dict(batch_size=8, seq_len=100, seed=6, backend="numpy", pack="best_fit")
+    fields = ("tokens", "indices", "position_ids", "document_ids", "cu_seqlens", "loss_mask")
+    with TokenLoader(local_tokens, **opts) as local:
+        want = [{f: np.array(getattr(b, f)) for f in fields} for b in local]
+    with TokenLoader(tokens_url, **opts, **remote_opts) as first:
+        it = iter(first)
+        got = [next(it) for _ in range(2)]
+        got = [{f: np.array(getattr(b, f)) for f in fields} for b in got]
+        state = first.state_dict()
+    with TokenLoader(tokens_url, **opts, **remote_opts) as resumed:
+        resumed.load_state_dict(state)
+        got += [{f: np.array(getattr(b, f)) for f in fields} for b in resumed]
+        assert resumed.dataset._fetch_shard.cache.size() <= cache_limit
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert all(np.array_equal(a[f], b[f]) for f in fields)
 
 
 # ---- DataLoader workers over a URL: fork, spawn, forkserver ----------------------------------------

@@ -86,10 +86,10 @@ def test_token_loader_resumes_across_output_dtype_and_batch_size(token_path):
         it = iter(a)
         next(it)
         state = a.state_dict()
-        rest = np.concatenate([np.asarray(b) for b in it]).astype(np.int64)
+        rest = np.concatenate([np.asarray(b.tokens) for b in it]).astype(np.int64)
     with TokenLoader(token_path, 3, 16, seed=4, backend="numpy", dtype="int64") as b:
         b.load_state_dict(state)
-        got = np.concatenate([np.asarray(x) for x in b])
+        got = np.concatenate([np.asarray(x.tokens) for x in b])
     assert np.array_equal(got, rest)
 
 

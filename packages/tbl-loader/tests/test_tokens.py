@@ -24,7 +24,7 @@ def stream(tmp_path_factory):
 
 
 def _windows(loader):
-    return np.concatenate([np.array(b) for b in loader])
+    return np.concatenate([np.array(b.tokens) for b in loader])
 
 
 def test_every_window_is_the_flat_stream_at_its_offset(stream):
@@ -76,7 +76,7 @@ def test_resume_and_ranks(stream, stop):
     straight = _windows(TokenLoader(path, 7, T, seed=1, backend="numpy", prefetch=0))
     first = TokenLoader(path, 7, T, seed=1, backend="numpy")
     it = iter(first)
-    head = [np.array(next(it)) for _ in range(stop)]
+    head = [np.array(next(it).tokens) for _ in range(stop)]
     state = first.state_dict()
     first.close()
     resumed = TokenLoader(path, 32, T, seed=1, backend="numpy", prefetch=0)
@@ -96,7 +96,7 @@ def test_torch_batches(stream):
     torch = pytest.importorskip("torch")
     path, flat = stream
     loader = TokenLoader(path, 4, T, shuffle=False, dtype="int64")
-    batch = next(iter(loader))
+    batch = next(iter(loader)).tokens
     assert isinstance(batch, torch.Tensor) and batch.dtype == torch.int64
     assert torch.equal(batch[0], torch.from_numpy(flat[: T + 1].astype(np.int64)))
     loader.close()

@@ -40,6 +40,7 @@ from .manifest import read_manifest
 from .opener import open_file
 from .schema import Schema
 from .shard import Progress, Shard, check_rows, fixed_leaf
+from .token_index import check_document_index
 
 #: Shard files a dataset maps at once by default (each costs one file descriptor and one mapping).
 DEFAULT_MAX_OPEN = 64
@@ -376,10 +377,12 @@ class Dataset:
         return self._shard(k)
 
     def verify(self, progress: Progress | None = None) -> None:
-        """Check every data-block checksum of every shard; raises a FormatError subclass on the first failure."""
+        """Check every data-block checksum of every shard, then a token dataset's document index (SPEC.md
+        section 9); raises a FormatError subclass on the first failure."""
         self._ensure()
         for k in range(len(self._entries)):
             self._shard(k).verify(progress)
+        check_document_index(self)
 
     def read_ahead(self, shards: list[int]) -> None:
         """Tell the dataset's ``read_ahead`` hook (see :func:`open`) the shards reads will need next, in the

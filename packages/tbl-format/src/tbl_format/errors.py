@@ -131,6 +131,11 @@ class DatasetChangedError(FormatError):
     """
 
 
+class DocumentIndexError(FormatError):
+    """A token dataset's document index (its ``starts`` leaf, SPEC.md section 9) breaks a rule: a start outside
+    its row's tokens, starts not increasing, or a stream that does not begin with a document."""
+
+
 class V2LayoutError(FormatError, ValueError):
     """A TurboLoader (TBL v2) RAW_U8 image column cannot be a zero-copy view: payloads are compressed or not back to back."""
 

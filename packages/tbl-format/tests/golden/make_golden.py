@@ -183,7 +183,25 @@ def native_files(tmp: Path) -> dict[str, bytes]:
     wrap["columns"][0]["regions"]["heap"]["offset"] = (1 << 64) - 4096
     wrap["columns"][0]["regions"]["heap"]["size"] = 8192
 
+    # A token dataset (SPEC.md section 9) of 9 tokens in rows of 4 whose document index is not increasing
+    # (row 1 lists 3, then 2). Its blocks are intact: only verify's document index check finds it. (The same
+    # file with the starts [[0], [3], [0]] is valid; it is not committed, to keep the directory small.)
+    import array
+
+    token_schema = tf.Schema({"tokens": tf.Leaf("array", dtype="uint16", shape=(4,)), "length": tf.Leaf("int"),
+                              "starts": tf.Leaf("var_list", item="int")})
+    token_meta = {"tokens": {"chunk": 4, "dtype": "uint16", "eos": 9, "loss_mask": False}}
+
+    def token_file(name: str, starts: list[list[int]]) -> bytes:
+        rows = [([1, 2, 3, 4], 4), ([5, 6, 9, 7], 4), ([9, 0, 0, 0], 1)]
+        w = tf.Writer(tmp / name, token_schema, metadata=token_meta)
+        for (ids, length), row_starts in zip(rows, starts, strict=True):
+            w.write({"tokens": memoryview(array.array("H", ids)), "length": length, "starts": row_starts})
+        w.close()
+        return (tmp / name).read_bytes()
+
     return {
+        "native_tokens_index_order.tbl": token_file("tokens_bad.tbl", [[0], [3, 2], [0]]),
         "native_valid.tbl": rich_raw,
         "native_valid_small.tbl": raw,
         "native_bad_magic.tbl": b"\x89TBX" + raw[4:],
@@ -257,6 +275,7 @@ EXPECTED: dict[str, dict] = {
     "native_header_over_cap.tbl": {"outcome": "error", "stage": "open", "error": "HeaderTooLargeError"},
     "native_data_checksum.tbl": {"outcome": "error", "stage": "verify", "error": "DataChecksumError"},
     "native_valid_v11.tbl": {"outcome": "ok", "rows": 4},
+    "native_tokens_index_order.tbl": {"outcome": "error", "stage": "verify", "error": "DocumentIndexError"},
     "native_v11_items_crc.tbl": {"outcome": "error", "stage": "open", "error": "TableChecksumError"},
     # A later minor's unknown leaf kind is refused as a version this reader cannot read, never guessed at;
     "native_later_minor_unknown_kind.tbl": {"outcome": "error", "stage": "open", "error": "UnsupportedVersionError"},

@@ -145,7 +145,20 @@ def tbl_loader_epochs(path: str, tokens: int, level: str = "consume"):
             raise AssertionError(f"batch {k}: a window differs from the stream")
         checked["windows"] += batch.shape[0]
 
-    return _Epochs(loader, loader.num_samples, level, {"checked": checked}, check)
+    return _Epochs(_TokensOnly(loader), loader.num_samples, level, {"checked": checked}, check)
+
+
+class _TokensOnly:
+    """A TokenLoader whose batches are their ``tokens`` tensors, like litdata's, for the shared epoch loop."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        return (batch.tokens for batch in self.loader)
+
+    def close(self) -> None:
+        self.loader.close()
 
 
 def litdata_loader_epochs(path: str, tokens: int, level: str = "consume"):

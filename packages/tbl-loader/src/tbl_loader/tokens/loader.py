@@ -5,14 +5,19 @@ into rows of ``chunk`` tokens: leaf ``"tokens"``, a fixed-shape array
 ``(chunk,)`` of an unsigned integer dtype, so each shard's column
 ``(rows, chunk)`` is, read flat, a zero-copy slice of the stream; leaf
 ``"length"`` (int) the tokens used in the row (``chunk``, except in the last
-row, whose rest is zeros). Metadata::
+row, whose rest is zeros); leaf ``"starts"`` (list of ints) the offsets in the
+row of the tokens that start a document (the document index); optional leaf
+``"loss_mask"`` (``(chunk,)`` uint8) 1 where a token is a training target.
+Metadata::
 
-    {"tokens": {"chunk": chunk, "dtype": "uint16", "eos": id or null}}
+    {"tokens": {"chunk": chunk, "dtype": "uint16", "eos": id or null, "loss_mask": bool}}
 
-Any tokenizer's integer output can be written (no tokenizer dependency):
-:func:`write_tokens` takes an iterable of documents (sequences or arrays of
-ints), appends ``eos`` after each when given, checks that every id fits the
-dtype, and writes shards of ``shard_tokens`` tokens (rounded to whole chunks).
+(tbl-format's SPEC.md section 9; a dataset written before the index has no
+``starts`` and reads as one document per shard.) Any tokenizer's integer output
+can be written (no tokenizer dependency): :func:`write_tokens` takes an iterable
+of documents (sequences or arrays of ints, or ``(tokens, loss_mask)`` pairs),
+appends ``eos`` after each when given, checks that every id fits the dtype, and
+writes shards of ``shard_tokens`` tokens (rounded to whole chunks).
 
 Windows (:class:`TokenLoader`). With ``T = seq_len``, window ``j`` of epoch
 ``e`` holds tokens ``[o_e + j * T, o_e + j * T + T + 1)``: consecutive windows
@@ -27,12 +32,17 @@ another world size or batch size) and prefetch are those of every loader: a
 epoch permutation, and a :class:`~tbl_loader.host.HostPipeline` whose producer thread
 copies each window from the mapped shards into the batch buffer (a window
 that crosses a shard boundary is copied in two parts).
+
+Documents (``boundaries=True``, :mod:`tbl_loader.tokens.documents`) and packed
+rows (``pack=...``, :mod:`tbl_loader.tokens.packing`) are described there.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -50,6 +60,9 @@ from ..stream import order
 from ..stream.cursor import StreamCursor, StreamOptions
 from ..stream.order import BatchPlan
 from ..stream.subset import resolve_rows
+from .batch import TokenBatch
+from .documents import BOUNDARY_FIELDS, STARTS, boundary_fields, document_starts, slot_documents
+from .packing import PackPlan, pack_documents
 
 __all__ = ["TAG_TOKEN_OFFSET", "TOKEN_DTYPES", "TokenLoader", "window_offset", "write_tokens"]
 
@@ -59,16 +72,28 @@ TAG_TOKEN_OFFSET = 68
 TOKEN_DTYPES = ("uint8", "uint16", "uint32", "uint64")
 _LEAF = "tokens"
 _LENGTH = "length"  # tokens used in the row: chunk, except in the last row
+_MASK = "loss_mask"  # optional: 1 where a token is a training target
 
 
 def write_tokens(documents: Iterable[Any], dst: str | os.PathLike[str], *, dtype: str = "uint16",
                  eos: int | None = None, chunk: int = 65536, shard_tokens: int = 1 << 26,
                  overwrite: bool = False, metadata: dict[str, Any] | None = None) -> Any:
-    """Write the concatenation of ``documents`` (each a sequence of token ids) as a token dataset at ``dst``.
+    """Write ``documents`` as a token dataset at ``dst``: their concatenation and the document index.
 
-    ``eos``: appended after every document. ``chunk``: tokens per row. ``shard_tokens``: tokens
-    per shard file (a directory of shards is always written). Returns ``dst``. Raises
-    :class:`TokenError` naming the document and the id that does not fit ``dtype``.
+    Args:
+        documents: each a 1-D sequence / array of token ids, or (fine-tuning data) a pair
+            ``(tokens, loss_mask)`` of equal lengths, the mask nonzero where a token is a training target
+            (0 on a prompt). Either every document is a pair or none is.
+        dst: the dataset directory (a directory of shards is always written).
+        dtype: stored token dtype, one of ``TOKEN_DTYPES``.
+        eos: appended after every document (its loss mask 1: the model learns to end a document).
+        chunk: tokens per row.
+        shard_tokens: tokens per shard file (rounded to whole chunks).
+        overwrite: replace an existing dataset at ``dst``.
+        metadata: user metadata stored beside the ``tokens`` key.
+
+    Returns ``dst``. Raises :class:`TokenError` naming the document that is empty, not 1-D integers,
+    holds an id that does not fit ``dtype``, or (pairs) has a mask of another length.
     """
     if dtype not in TOKEN_DTYPES:
         raise TokenError(f"dtype must be one of {TOKEN_DTYPES}, got {dtype!r}")
@@ -80,45 +105,82 @@ def write_tokens(documents: Iterable[Any], dst: str | os.PathLike[str], *, dtype
     top = int(np.iinfo(dt).max)
     if eos is not None and not (isinstance(eos, (int, np.integer)) and 0 <= int(eos) <= top):
         raise TokenError(f"eos must be an int in [0, {top}] for {dtype}, got {eos!r}")
-    schema = tbl_format.Schema({_LEAF: tbl_format.Leaf("array", dtype=dtype, shape=(chunk,)),
-                                _LENGTH: tbl_format.Leaf("int")})
-    info = {"chunk": chunk, "dtype": dtype, "eos": None if eos is None else int(eos)}
+    docs = iter(documents)
+    first = next(docs, None)
+    masked = first is not None and _is_pair(first)
+    leaves = {_LEAF: tbl_format.Leaf("array", dtype=dtype, shape=(chunk,)), _LENGTH: tbl_format.Leaf("int"),
+              STARTS: tbl_format.Leaf("var_list", item="int")}
+    if masked:
+        leaves[_MASK] = tbl_format.Leaf("array", dtype="uint8", shape=(chunk,))
+    schema = tbl_format.Schema(leaves)
+    info = {"chunk": chunk, "dtype": dtype, "eos": None if eos is None else int(eos), "loss_mask": masked}
 
-    def checked(k: int, doc: Any) -> np.ndarray:
-        ids = np.asarray(doc)
+    def checked(k: int, doc: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        if _is_pair(doc) != masked:
+            raise TokenError(f"document {k}: every document must be a (tokens, loss_mask) pair or none;"
+                             f" document 0 {'is' if masked else 'is not'} one")
+        ids = np.asarray(doc[0] if masked else doc)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise TokenError(f"document {k}: token ids must be a 1-D sequence of ints, got {ids.dtype} {ids.shape}")
+        if ids.size == 0 and eos is None:
+            raise TokenError(f"document {k} is empty (and no eos is appended): a document needs a token")
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) > top):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise TokenError(f"document {k}: token id {bad} does not fit {dtype} (0..{top})")
-        return ids.astype(dt, copy=False)
+        mask = None
+        if masked:
+            mask = np.asarray(doc[1])
+            if mask.shape != ids.shape:
+                raise TokenError(f"document {k}: loss_mask shape {mask.shape} differs from the tokens' {ids.shape}")
+            mask = (mask != 0).astype(np.uint8)
+        if eos is not None:
+            ids = np.concatenate([ids.astype(dt, copy=False), np.array([eos], dt)])
+            mask = None if mask is None else np.concatenate([mask, np.ones(1, np.uint8)])
+        return ids.astype(dt, copy=False), mask
 
     def rows() -> Any:
         """Rows of ``chunk`` tokens, streamed (memory: one chunk); the last one padded with zeros."""
         pending = np.zeros(chunk, dt)
+        pending_mask = np.zeros(chunk, np.uint8)
+        starts: list[int] = []  # documents starting in the pending row, at these offsets
         filled, wrote_any = 0, False
-        for k, doc in enumerate(documents):
-            ids = checked(k, doc)
-            if eos is not None:
-                ids = np.concatenate([ids, np.array([eos], dt)])
+
+        def row(length: int) -> dict[str, Any]:
+            out = {_LEAF: pending.copy(), _LENGTH: length, STARTS: list(starts)}
+            if masked:
+                out[_MASK] = pending_mask.copy()
+            return out
+
+        for k, doc in enumerate(itertools.chain([first], docs) if first is not None else ()):
+            ids, mask = checked(k, doc)
+            starts.append(filled)
             at = 0
             while at < ids.shape[0]:
                 take = min(chunk - filled, ids.shape[0] - at)
                 pending[filled : filled + take] = ids[at : at + take]
+                if mask is not None:
+                    pending_mask[filled : filled + take] = mask[at : at + take]
                 filled += take
                 at += take
                 if filled == chunk:
-                    yield {_LEAF: pending.copy(), _LENGTH: chunk}
+                    yield row(chunk)
                     filled, wrote_any = 0, True
+                    starts.clear()
         if filled:
             pending[filled:] = 0
-            yield {_LEAF: pending, _LENGTH: filled}
+            pending_mask[filled:] = 0
+            yield row(filled)
         elif not wrote_any:
             raise TokenError("no tokens to write")  # inside the write: nothing is published
 
     meta = {**(metadata or {}), "tokens": info}
     return tbl_format.write(rows(), dst, schema=schema, metadata=meta, shard_rows=max(1, shard_tokens // chunk),
                             overwrite=overwrite)
+
+
+def _is_pair(doc: Any) -> bool:
+    """A ``(tokens, loss_mask)`` pair: a 2-tuple of sequences (a tuple of two ints is a document of two tokens)."""
+    return isinstance(doc, tuple) and len(doc) == 2 and all(np.ndim(part) == 1 for part in doc)
 
 
 def window_offset(seed: int, epoch: int, seq_len: int, shuffle: bool = True) -> int:
@@ -137,11 +199,13 @@ class _TokenSource:
     so no shard is read before a window needs it: a dataset at a URL downloads only the shards
     its windows touch, and no more stay mapped than the dataset keeps open. Shard bounds are
     kept as Python ints and the epoch's offset is hashed once per epoch, so the per-window
-    Python work is a few integer operations.
+    Python work is a few integer operations. With ``starts`` (the document index) the boundary
+    fields are computed too, from the windows' stream positions and the stored loss mask.
     """
 
     def __init__(self, dataset: Any, chunk: int, count: int, seq_len: int, seed: int, shuffle: bool,
-                 out_dtype: np.dtype, map_all: bool) -> None:
+                 out_dtype: np.dtype, map_all: bool, starts: np.ndarray | None = None,
+                 plan: PackPlan | None = None) -> None:
         self.dataset = dataset
         self.chunk = chunk
         self.shards = [k for k, rows in enumerate(dataset.segment_rows) if rows]  # the shard of each flat
@@ -150,18 +214,21 @@ class _TokenSource:
         self.ends = np.minimum(self.starts + sizes, count)  # the last row's padding is not the stream's
         self._starts = self.starts.tolist()
         self._ends = self.ends.tolist()
-        self._flats: OrderedDict[int, np.ndarray] = OrderedDict()  # flat index -> its shard's token column
+        self._flats: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()  # (leaf, flat) -> flat column
         self._keep = max(1, dataset.max_open)
         # Bounded (a URL's cache holds fewer shards than the stream has): least recently used columns leave.
         # Unbounded (local): every column stays once read, and a window's lookup is one dict get.
         self._bounded = len(self.shards) > self._keep
         self._map_all = map_all and not self._bounded  # local: every column mapped at the first pass
-        self._columns: Any = _LazyColumns(self)  # by flat index; a list once every column is mapped
+        self._columns: Any = _LazyColumns(self, _LEAF)  # by flat index; a list once every column is mapped
         self.seq_len = seq_len
         self.seed = seed
         self.shuffle = shuffle
         self.out_dtype = out_dtype
         self._offset: tuple[int, int] | None = None  # (epoch, window_offset of that epoch)
+        self.documents = starts  # the document index (stream offsets), or None: no boundary fields
+        self.masked = _MASK in dataset.leaf_paths
+        self.plan = plan  # packed rows instead of windows
 
     def begin_pass(self, epoch_order: Any) -> None:
         """Nothing to schedule (a window maps, and fetches, its shards as it reads them). A local stream maps
@@ -171,60 +238,118 @@ class _TokenSource:
             self._columns = [self.flat(i) for i in range(len(self.shards))]
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
-        return {"tokens": allocate_host((capacity, self.seq_len + 1), self.out_dtype, output)}
+        t = self.seq_len
+        buffers = {"tokens": allocate_host((capacity, t + 1), self.out_dtype, output)}
+        if self.documents is not None or self.plan is not None:
+            buffers["position_ids"] = allocate_host((capacity, t), np.dtype(np.int64), output)
+            buffers["document_ids"] = allocate_host((capacity, t), np.dtype(np.int64), output)
+            buffers["cu_seqlens"] = allocate_host((capacity, t + 1), np.dtype(np.int32), output)
+            buffers["loss_mask"] = allocate_host((capacity, t), np.dtype(np.bool_), output)
+        return buffers
 
     def offset(self, epoch: int) -> int:
         if self._offset is None or self._offset[0] != epoch:
             self._offset = (epoch, window_offset(self.seed, epoch, self.seq_len, self.shuffle))
         return self._offset[1]
 
-    def flat(self, i: int) -> np.ndarray:
-        """Flat ``i``'s tokens (its shard mapped, fetched first for a URL); its row lengths checked then."""
-        found = self._flats.get(i)
+    def flat(self, i: int, leaf: str = _LEAF) -> np.ndarray:
+        """Flat ``i``'s column of ``leaf`` (its shard mapped, fetched first for a URL); row lengths checked then."""
+        key = (leaf, i)
+        found = self._flats.get(key)
         if found is not None:
             if self._bounded:
-                self._flats.move_to_end(i)
+                self._flats.move_to_end(key)
             return found
         shard = self.dataset.shard(self.shards[i])
         lengths = shard.column(_LENGTH)
         full = lengths[:-1] if i == len(self.shards) - 1 else lengths
         if np.any(full != self.chunk):  # only the stream's last row may be partial
             raise TokenError(f"{self.dataset.path}: rows must hold {self.chunk} tokens each, but for the last")
-        flat = shard.column(_LEAF).reshape(-1)
-        self._flats[i] = flat
+        flat = shard.column(leaf).reshape(-1)
+        self._flats[key] = flat
         while len(self._flats) > self._keep:  # no more views (and so maps) than the dataset keeps open
             self._flats.popitem(last=False)
         return flat
 
-    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
-        t = self.seq_len
-        width = t + 1
-        out = buffers["tokens"]
-        begin = self.offset(plan.epoch) + plan.sample_ids.astype(np.int64) * t
+    def copy(self, columns: Any, out: np.ndarray, begin: np.ndarray, width: int) -> None:
+        """Row b of ``out`` = stream slots ``[begin[b], begin[b] + width)`` of ``columns`` (by flat index)."""
         shard = np.searchsorted(self.starts, begin, side="right") - 1
-        flats, starts, ends = self._columns, self._starts, self._ends
+        starts, ends = self._starts, self._ends
         for b, (s, k) in enumerate(zip(begin.tolist(), shard.tolist(), strict=True)):
             if s + width <= ends[k]:
                 local = s - starts[k]
-                out[b] = flats[k][local : local + width]
+                out[b] = columns[k][local : local + width]
             else:  # crosses into the next shard(s)
                 at, pos, kk = 0, s, k
                 while at < width:
                     take = min(ends[kk] - pos, width - at)
-                    out[b, at : at + take] = flats[kk][pos - starts[kk] : pos - starts[kk] + take]
+                    out[b, at : at + take] = columns[kk][pos - starts[kk] : pos - starts[kk] + take]
                     at += take
                     pos += take
                     kk += 1
 
+    def copy_span(self, columns: Any, out: np.ndarray, begin: int) -> None:
+        """``out`` (1-D) = the stream's ``columns`` from slot ``begin`` on, copied by slices (shards crossed)."""
+        starts, ends = self._starts, self._ends
+        k = bisect_right(starts, begin) - 1
+        at, pos, width = 0, begin, out.shape[0]
+        while at < width:
+            take = min(ends[k] - pos, width - at)
+            out[at : at + take] = columns[k][pos - starts[k] : pos - starts[k] + take]
+            at += take
+            pos += take
+            k += 1
+
+    def fill_packed(self, buffers: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        """Rows of the packing plan: every piece's tokens at its slots, padding elsewhere; then the fields.
+        One slice copy per piece (a document, or a row-long part of one), never a Python step per token."""
+        pack, n, width = self.plan, rows.shape[0], self.seq_len + 1
+        lo, hi = pack.row_ptr[rows], pack.row_ptr[rows + 1]
+        counts = hi - lo
+        piece = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        tokens = buffers["tokens"][:n]
+        tokens[:] = 0  # padding
+        doc = np.full((n, width), -1, np.int64)
+        mask = np.zeros((n, width), np.uint8) if self.masked else None
+        mask_columns = _LazyColumns(self, _MASK)
+        columns = self._columns
+        for b, start, length, slot, document in zip(np.repeat(np.arange(n), counts).tolist(),
+                                                    pack.start[piece].tolist(), pack.length[piece].tolist(),
+                                                    pack.slot[piece].tolist(), pack.document[piece].tolist(),
+                                                    strict=True):
+            self.copy_span(columns, tokens[b, slot : slot + length], start)
+            doc[b, slot : slot + length] = document
+            if mask is not None:
+                self.copy_span(mask_columns, mask[b, slot : slot + length], start)
+        boundary_fields(doc, mask, buffers)
+
+    def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
+        if self.plan is not None:
+            self.fill_packed(buffers, plan.sample_ids.astype(np.int64))
+            return
+        width = self.seq_len + 1
+        begin = self.offset(plan.epoch) + plan.sample_ids.astype(np.int64) * self.seq_len
+        self.copy(self._columns, buffers["tokens"], begin, width)
+        if self.documents is None:
+            return
+        n = begin.shape[0]
+        positions = begin[:, None] + np.arange(width, dtype=np.int64)
+        mask = None
+        if self.masked:
+            mask = np.empty((n, width), np.uint8)
+            self.copy(_LazyColumns(self, _MASK), mask, begin, width)
+        boundary_fields(slot_documents(self.documents, positions), mask, buffers)
+
 
 class _LazyColumns:
-    """A source's token columns by flat index, each mapped (a URL's fetched) when a window first reads it."""
+    """A source's columns of one leaf by flat index, each mapped (a URL's fetched) when a window first reads it."""
 
-    def __init__(self, source: _TokenSource) -> None:
+    def __init__(self, source: _TokenSource, leaf: str) -> None:
         self._flat = source.flat
+        self._leaf = leaf
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self._flat(i)
+        return self._flat(i, self._leaf)
 
 
 class TokenLoader(HostLoader):
@@ -233,9 +358,12 @@ class TokenLoader(HostLoader):
     ``dtype``: output dtype (default: the stored one; ``"int64"`` / ``"int32"`` convert while
     copying). ``shuffle`` (window order and per-epoch offset), ``seed``, ``drop_last``, ``rank`` /
     ``world_size``, ``padding``, ``prefetch``, ``backend``, ``device``, ``pin_memory``: as in
-    ImageLoader. ``rows`` / ``subsample``: a subset of the window numbers ``0 .. W - 1``
-    (:mod:`tbl_loader.stream.subset`; e.g. a held-out range of the stream). Batches are the
-    ``(B, T + 1)`` arrays / tensors themselves. ``path`` may be a URL (``s3://...``; the remote
+    ImageLoader. ``boundaries=True``: batches carry the document boundary fields (:class:`TokenBatch`;
+    the document index of every shard is read at construction). ``pack="first_fit" | "best_fit"``:
+    rows of whole documents instead of windows (:mod:`tbl_loader.tokens.packing`; ``pack_buffer``
+    open rows at most; the fields always on; ``padding_fraction``). ``rows`` / ``subsample``: a subset of the window numbers ``0 .. W - 1``
+    (:mod:`tbl_loader.stream.subset`; e.g. a held-out range of the stream). Batches are
+    :class:`TokenBatch`: ``tokens`` ``(B, T + 1)`` and ``indices`` (window numbers), arrays or tensors. ``path`` may be a URL (``s3://...``; the remote
     extra): the windows read shards through the local shard cache (``cache_dir``, ``cache_limit``,
     ``storage_options``), downloading only the shards they touch.
     """
@@ -245,7 +373,8 @@ class TokenLoader(HostLoader):
                  world_size: int | None = None, padding: str = "wrap", prefetch: int = 2,
                  backend: str | None = None, device: Any = None, pin_memory: bool = False, rows: Any = None,
                  subsample: float | None = None, cache_dir: Any = None, cache_limit: Any = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, boundaries: bool = False,
+                 pack: str | None = None, pack_buffer: int = 64) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise TokenError(f"seq_len must be an int >= 1, got {seq_len!r}")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
@@ -272,18 +401,26 @@ class TokenLoader(HostLoader):
             if not 0 < int(last[-1]) <= chunk:
                 raise TokenError(f"{path}: rows must hold {chunk} tokens each, but for the last")
             count = (sum(dataset.segment_rows) - 1) * chunk + int(last[-1])
-            windows = (count - seq_len) // seq_len
-            if windows < 1:
-                raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
+            # The index of every shard, read now (a URL's shards are fetched for it): boundaries need all of it.
+            starts = document_starts(dataset, nonempty, chunk) if boundaries or pack is not None else None
+            plan, settings = None, {"seq_len": seq_len}
+            if pack is not None:
+                plan = pack_documents(starts, count, seq_len, pack, pack_buffer, options.seed, options.shuffle)
+                windows = plan.rows  # the samples are the packed rows
+                settings.update(pack=pack, pack_buffer=pack_buffer)
+            else:
+                windows = (count - seq_len) // seq_len
+                if windows < 1:
+                    raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
             out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(dataset.schema.leaves[_LEAF].dtype)
             if out_dtype.kind not in "iu":
                 raise TokenError(f"dtype must be an integer dtype, got {dtype!r}")
             subset = resolve_rows(windows, rows, subsample)  # a subset of the windows (same in every epoch)
             cursor = StreamCursor(windows if subset is None else subset.shape[0], options,
                                   dataset_fingerprint=dataset.fingerprint,
-                                  settings={"tokens": {"seq_len": seq_len}}, rows=subset)
+                                  settings={"tokens": settings}, rows=subset)
             source = _TokenSource(dataset, chunk, count, seq_len, options.seed, options.shuffle, out_dtype,
-                                  map_all=not is_url(path))
+                                  map_all=not is_url(path), starts=starts if boundaries else None, plan=plan)
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
                                     closers=[dataset.close], stats=StageStats(prefetch=prefetch, cache=counters))
         except BaseException:
@@ -293,6 +430,13 @@ class TokenLoader(HostLoader):
         self.dataset = dataset
         self.seq_len = seq_len
         self.num_tokens = count
+        self.pack_plan = plan
 
-    def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> Any:
-        return outputs["tokens"]
+    @property
+    def padding_fraction(self) -> float | None:
+        """Packing: the fraction of the packed rows' slots that hold padding (None for windows)."""
+        return None if self.pack_plan is None else self.pack_plan.padding_fraction
+
+    def _make_batch(self, outputs: dict[str, Any], payload: None, plan: BatchPlan) -> TokenBatch:
+        fields = {name: outputs[name] for name in BOUNDARY_FIELDS if name in outputs}
+        return TokenBatch(outputs["tokens"], self._indices(plan), **fields)
