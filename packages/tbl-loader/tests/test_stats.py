@@ -155,7 +155,7 @@ def test_pytree_and_token_loaders_count(tmp_path):
 
     write_tokens([np.arange(100, dtype=np.uint16), np.arange(50, dtype=np.uint16)], tmp_path / "t")
     with TokenLoader(tmp_path / "t", 2, seq_len=10, backend="numpy") as tl:
-        windows = sum(len(b) for b in tl)
+        windows = sum(len(b.tokens) for b in tl)
         stats = tl.stats()
     _check_shape(stats)
     assert stats["samples"] == windows and stats["batches"] == -(-windows // 2)
