@@ -37,6 +37,7 @@ TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"]
 # Test processes per pytest run (pytest-xdist's -n): one per core by default; TBL_TEST_WORKERS=0 runs in-process.
 TEST_WORKERS = os.environ.get("TBL_TEST_WORKERS", "auto")
 REMOTE_TEST_DEPS = ["moto[server]>=5"]  # the loopback S3 server of tbl-loader's remote tests
+RECORD_TEST_DEPS = ["webdataset>=0.2"]  # writes the WebDataset shards of tbl-loader's conversion tests
 
 # Order matters: each package after the ones it depends on.
 ALL_PACKAGES = ["tbl-format", "tbl-kernels", "tbl-loader", "tbl-resident", "tbl-bench"]
@@ -60,11 +61,12 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
-    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS)
+    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *RECORD_TEST_DEPS)
     # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
-    # object-store tests (a local cluster, a local S3 server) instead of skipping them.
+    # object-store tests (a local cluster, a local S3 server) instead of skipping them, [parquet] and
+    # [hf] the conversions from Parquet and datasets sources.
     _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos]", str(PKG / "tbl-format") + "[lz4]",
-                      str(PKG / "tbl-loader") + "[jpeg,ray,remote]")
+                      str(PKG / "tbl-loader") + "[jpeg,ray,remote,parquet,hf]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:
@@ -148,9 +150,9 @@ def kernels_matrix(session: nox.Session, kernels: str) -> None:
     else:
         expected, source = _kernels_in_tree_version(), PKG / "tbl-kernels"
     # scikit-image and the loader's extras: without them the conversion tests skip.
-    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, "scikit-image")
+    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *RECORD_TEST_DEPS, "scikit-image")
     session.install(str(source))
-    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg,remote]")
+    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg,remote,parquet,hf]")
     session.run(
         "python", "-c",
         "import sys, tbl_kernels, tbl_loader; v = tbl_kernels.__version__; print('tbl-kernels', v); "
