@@ -309,3 +309,30 @@ def test_record_source_refusals_name_the_option(tmp_path):
     with pytest.raises(ValueError, match="source format must be one of"):
         convert(src, tmp_path / "a.tbl", 16, workers=1, progress=False, source_format="csv")
     assert sorted(os.listdir(tmp_path)) == ["t.parquet"]
+
+
+def test_parts_and_variable_size_jpeg_from_a_record_source(sources):
+    """--part / --merge and --max-size --store jpeg work on a record source as on the folder."""
+    root, samples, folder, _ = sources
+    src = write_parquet(root / "parts.parquet", samples)
+    one = root / "one_go"
+    convert(src, one, max_size=40, store="jpeg", workers=1, progress=False, shard_rows=20, report=False)
+    parts = [root / f"part{i}.tbl" for i in range(3)]
+    for i, part in enumerate(parts):
+        convert(src, part, max_size=40, store="jpeg", workers=1, progress=False, part=f"{i}/3")
+    r = run_cli("--merge", *map(str, parts), str(root / "merged"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    sidecar = root / "side.json"
+    reference = root / "reference_jpeg"
+    convert(folder, reference, max_size=40, store="jpeg", workers=1, progress=False, shard_rows=20, report=False,
+            sidecar=sidecar)
+    want = PyTreeDataset(reference)
+    for path in (one, root / "merged"):
+        got = PyTreeDataset(path)
+        assert len(got) == len(want) == len(samples)
+        for i in range(len(want)):
+            g, w = got[i], want[i]
+            assert bytes(g["image"]) == bytes(w["image"]) and (g["height"], g["width"]) == (w["height"], w["width"])
+            assert (int(g["label"]), g["caption"]) == (int(w["label"]), w["caption"])
+        got.close()
+    want.close()
