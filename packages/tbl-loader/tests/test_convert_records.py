@@ -15,7 +15,8 @@ import pytest
 from convert_images import error_lines, jpeg_set, run_cli, write_tree
 
 from tbl_loader import PyTreeDataset, convert
-from tbl_loader.errors import ImageDecodeError, SourceError
+from tbl_loader.conversion import convert_table
+from tbl_loader.errors import DestinationError, ImageDecodeError, SourceError
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -336,3 +337,71 @@ def test_parts_and_variable_size_jpeg_from_a_record_source(sources):
             assert (int(g["label"]), g["caption"]) == (int(w["label"]), w["caption"])
         got.close()
     want.close()
+
+
+def test_arrow_ipc_file_and_refused_columns(tmp_path):
+    photos = jpeg_set(3, seed=11)
+    table = pa.table({"image": pa.array(photos, pa.binary()), "label": ["b", "a", "b"], "n": [1, 2, 3]})
+    with pa.ipc.new_file(tmp_path / "t.arrow", table.schema) as writer:  # the IPC file format
+        writer.write_table(table)
+    dst = tmp_path / "out.tbl"
+    convert(tmp_path / "t.arrow", dst, 16, workers=1, progress=False, report=False)
+    ds = PyTreeDataset(dst)
+    assert ds.metadata["classes"] == ["a", "b"]
+    assert [(int(ds[i]["label"]), int(ds[i]["n"])) for i in range(3)] == [(1, 1), (0, 2), (1, 3)]
+    ds.close()
+    with_null = table.set_column(2, "n", pa.array([1, None, 3], pa.int64()))
+    pq.write_table(with_null, tmp_path / "null.parquet")
+    with pytest.raises(SourceError, match=r"column 'n'.*1 null value"):
+        convert(tmp_path / "null.parquet", tmp_path / "null.tbl", 16, workers=1, progress=False)
+    dated = table.append_column("when", pa.array([0, 1, 2], pa.timestamp("s")))
+    pq.write_table(dated, tmp_path / "dated.parquet")
+    with pytest.raises(SourceError, match=r"column 'when'.*timestamp"):
+        convert(tmp_path / "dated.parquet", tmp_path / "dated.tbl", 16, workers=1, progress=False)
+    assert not (tmp_path / "null.tbl").exists() and not (tmp_path / "dated.tbl").exists()
+
+
+def test_a_datasets_dict_is_refused_naming_its_splits(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    photos = jpeg_set(2, seed=12)
+    split = datasets.Dataset.from_dict({"image": [{"bytes": p, "path": None} for p in photos], "label": [0, 1]})
+    both = datasets.DatasetDict({"train": split, "test": split})
+    both.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(SourceError, match=r"DatasetDict.*'train'.*'test'|DatasetDict.*'test'.*'train'"):
+        convert(tmp_path / "dd", tmp_path / "a.tbl", 16, workers=1, progress=False)
+    with pytest.raises(SourceError, match="give one split"):
+        convert(both, tmp_path / "a.tbl", 16, workers=1, progress=False)
+    convert(tmp_path / "dd" / "train", tmp_path / "a.tbl", 16, workers=1, progress=False, report=False)
+    ds = PyTreeDataset(tmp_path / "a.tbl")
+    assert [int(ds[i]["label"]) for i in range(2)] == [0, 1]
+    ds.close()
+
+
+def test_a_generic_table_converts_to_a_pytree_dataset(tmp_path):
+    table = pa.table({
+        "id": pa.array([7, 8, 9], pa.int16()),
+        "text": ["a", "bb", ""],
+        "vec": pa.array([[1.5, 2.5], [0.0, -1.0], [3.0, 4.0]], pa.list_(pa.float32(), 2)),
+        "meta": [{"ok": True}, {"ok": False}, {"ok": True}],
+    })
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
+    dst = tmp_path / "t.tbl"
+    assert convert_table(tmp_path / "t.parquet", dst) == 3
+    ds = PyTreeDataset(dst)
+    assert ds.schema.leaves["vec"].kind == "array" and ds.schema.leaves["vec"].dtype == "float32"
+    for i in range(3):
+        row = ds[i]
+        assert int(row["id"]) == [7, 8, 9][i] and row["text"] == ["a", "bb", ""][i]
+        assert np.array_equal(row["vec"], np.asarray(table.column("vec")[i].as_py(), np.float32))
+        assert bool(row["meta"]["ok"]) == [True, False, True][i]
+    ds.close()
+    with pytest.raises(DestinationError, match="exists"):
+        convert_table(tmp_path / "t.parquet", dst)
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_dict({"x": [1.0, 2.0], "y": [1, 0]}).cast_column(
+        "y", datasets.ClassLabel(names=["no", "yes"]))
+    assert convert_table(hf, tmp_path / "hf.tbl") == 2
+    ds = PyTreeDataset(tmp_path / "hf.tbl")
+    assert ds.metadata["class_names"] == {"y": ["no", "yes"]}
+    assert [(float(ds[i]["x"]), int(ds[i]["y"])) for i in range(2)] == [(1.0, 1), (2.0, 0)]
+    ds.close()

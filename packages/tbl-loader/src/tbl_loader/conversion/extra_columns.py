@@ -47,7 +47,7 @@ import tbl_format
 
 from ..errors import SidecarError, SourceError
 
-__all__ = ["ExtraColumns", "load_sidecar", "parse_cell"]
+__all__ = ["ExtraColumns", "field_leaf", "load_sidecar", "parse_cell"]
 
 RESERVED = ("image", "label", "path", "orig_size")
 # EXIF orientations that turn the image by 90 degrees (ImageOps.exif_transpose swaps height and width).
@@ -106,7 +106,7 @@ def load_sidecar(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _leaf(field: str, values: list[Any]) -> tuple[Any, Any]:
+def field_leaf(field: str, values: list[Any]) -> tuple[Any, Any]:
     """The leaf kind of one field from all its values (a dict of leaves for dict values), and the function that
     converts one value to it."""
     if all(isinstance(v, bool) for v in values):
@@ -173,7 +173,7 @@ def _dict_leaf(field: str, values: list[dict[str, Any]]) -> tuple[dict[str, Any]
     differing = next((v for v in values if list(v) != keys), None)
     if differing is not None:
         raise SidecarError(f"field {field!r}: objects with different keys {keys} and {list(differing)}")
-    parts = {k: _leaf(f"{field}.{k}", [v[k] for v in values]) for k in keys}
+    parts = {k: field_leaf(f"{field}.{k}", [v[k] for v in values]) for k in keys}
 
     def convert(v: dict[str, Any]) -> dict[str, Any]:
         return {k: part_convert(v[k]) for k, (_, part_convert) in parts.items()}
@@ -222,7 +222,7 @@ class ExtraColumns:
             if lacking is not None:
                 raise error(f"{where}: image {lacking!r} has no field {f!r}")
             try:
-                leaf, convert = _leaf(f, [self._entries[n][f] for n in self.names])
+                leaf, convert = field_leaf(f, [self._entries[n][f] for n in self.names])
             except SidecarError as e:
                 raise error(f"{where}: {e}") from None
             self.leaves[f] = leaf

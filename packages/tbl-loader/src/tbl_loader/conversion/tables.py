@@ -63,8 +63,8 @@ import numpy as np
 from ..errors import SourceError
 from .records import RecordSink
 
-__all__ = ["PIP_HF", "PIP_PARQUET", "dataset_rows", "is_hf_dataset", "is_hf_folder", "read_arrow", "read_hf",
-           "read_parquet"]
+__all__ = ["PIP_HF", "PIP_PARQUET", "arrow_table", "column_values", "dataset_rows", "is_hf_dataset", "is_hf_folder",
+           "load_dataset", "parquet_tables", "read_arrow", "read_hf", "read_parquet"]
 
 PIP_PARQUET: Final = 'pip install "tbl-loader[parquet]"'
 PIP_HF: Final = 'pip install "tbl-loader[hf]"'
@@ -74,7 +74,8 @@ HF_BATCH_ROWS: Final = 1024  # rows of a `datasets` source read at a time
 def _pyarrow() -> Any:
     try:
         import pyarrow  # optional: the parquet extra
-        import pyarrow.parquet  # noqa: F401  (imported so that pyarrow.parquet is there)
+        import pyarrow.ipc  # the submodules read below, imported so that pyarrow.ipc / .parquet are there
+        import pyarrow.parquet
     except ImportError as e:
         raise ImportError(f"Parquet and Arrow sources need pyarrow: {PIP_PARQUET}") from e
     return pyarrow
@@ -103,7 +104,7 @@ def is_hf_dataset(obj: object) -> bool:
 # ------------------------------------------------------------------------------------------ Arrow values
 
 
-def _values(column: Any, where: str) -> list[Any]:
+def column_values(column: Any, where: str) -> list[Any]:
     """The Python values of one Arrow column (Array or ChunkedArray), mapped as the module docstring says."""
     pa = _pyarrow()
     if column.null_count:
@@ -115,7 +116,7 @@ def _values(column: Any, where: str) -> list[Any]:
         return column.to_pylist()
     if pa.types.is_struct(t):
         combined = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        children = {t.field(i).name: _values(combined.field(i), f"{where}.{t.field(i).name}")
+        children = {t.field(i).name: column_values(combined.field(i), f"{where}.{t.field(i).name}")
                     for i in range(t.num_fields)}
         return [dict(zip(children, row, strict=True)) for row in zip(*children.values(), strict=True)]
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -156,8 +157,9 @@ def _add_rows(table: Any, names: list[str], sink: RecordSink, image_key: str, la
             flag = "--image-key (image_key=)" if what == "image" else "--label-key (label_key=)"
             raise SourceError(f"{origin}: no {what} column {key!r} (columns: {columns}); name it with {flag}")
     images = _image_bytes(table.column(image_key), f"{origin}, column {image_key!r}")
-    labels = _values(table.column(label_key), f"{origin}, column {label_key!r}")
-    fields = {c: _values(table.column(c), f"{origin}, column {c!r}") for c in columns if c not in (image_key, label_key)}
+    labels = column_values(table.column(label_key), f"{origin}, column {label_key!r}")
+    fields = {c: column_values(table.column(c), f"{origin}, column {c!r}")
+              for c in columns if c not in (image_key, label_key)}
     for i, name in enumerate(names):
         if images[i] is None:
             sink.reject(name, f"in {origin}: no image bytes in column {image_key!r}")
@@ -188,9 +190,31 @@ def read_parquet(src: Path, sink: RecordSink, *, image_key: str | None, label_ke
         image_key: the image column (default ``image``).
         label_key: the label column (default ``label``).
     """
+    for table, names in parquet_tables(src, sink):
+        _add_rows(table, names, sink, image_key or "image", label_key or "label", f"{str(src)!r}")
+
+
+def read_arrow(src: Path, sink: RecordSink, *, image_key: str | None, label_key: str | None) -> None:
+    """Give every row of the Arrow IPC file ``src`` (file or stream format) to ``sink``.
+
+    Args:
+        src: an ``.arrow`` / ``.feather`` file.
+        sink: receives the samples.
+        image_key: the image column (default ``image``).
+        label_key: the label column (default ``label``).
+    """
+    table = arrow_table(src)
+    names = [f"{src.name}:{r}" for r in range(table.num_rows)]
+    _add_rows(table, names, sink, image_key or "image", label_key or "label", repr(str(src)))
+
+
+def parquet_tables(src: Path, sink: RecordSink | None) -> Iterator[tuple[Any, list[str]]]:
+    """(table, row names) per readable row group of the Parquet file(s) ``src``, in order; an unreadable row
+    group goes to ``sink.reject`` (None: `SourceError`). The other files of a folder go to ``sink.ignored``."""
     pa = _pyarrow()
     files, ignored = _parquet_files(src)
-    sink.ignored.extend(ignored)
+    if sink is not None:
+        sink.ignored.extend(ignored)
     for path in files:
         try:
             pf = pa.parquet.ParquetFile(path)
@@ -204,36 +228,41 @@ def read_parquet(src: Path, sink: RecordSink, *, image_key: str | None, label_ke
                 try:
                     table = pf.read_row_group(group)
                 except (OSError, pa.ArrowException) as e:
+                    if sink is None:
+                        raise SourceError(f"{where} does not read: {type(e).__name__}: {e}") from e
                     sink.reject(where, f"does not read: {type(e).__name__}: {e}")
-                    row += rows
-                    continue
-                names = [f"{path.name}:{r}" for r in range(row, row + table.num_rows)]
-                _add_rows(table, names, sink, image_key or "image", label_key or "label", f"{str(path)!r}")
+                else:
+                    yield table, [f"{path.name}:{r}" for r in range(row, row + table.num_rows)]
                 row += rows
 
 
-def read_arrow(src: Path, sink: RecordSink, *, image_key: str | None, label_key: str | None) -> None:
-    """Give every row of the Arrow IPC file ``src`` (file or stream format) to ``sink``.
-
-    Args:
-        src: an ``.arrow`` / ``.feather`` file.
-        sink: receives the samples.
-        image_key: the image column (default ``image``).
-        label_key: the label column (default ``label``).
-    """
+def arrow_table(src: Path) -> Any:
+    """The whole table of the Arrow IPC file ``src`` (file or stream format)."""
     pa = _pyarrow()
-    import pyarrow.ipc  # noqa: F401  (the submodule)
-
     try:
         try:
-            table = pa.ipc.open_file(src).read_all()
+            return pa.ipc.open_file(src).read_all()
         except pa.ArrowInvalid:
             with pa.ipc.open_stream(src) as reader:
-                table = reader.read_all()
+                return reader.read_all()
     except (OSError, pa.ArrowException) as e:
         raise SourceError(f"{str(src)!r} is not a readable Arrow file: {e}") from e
-    names = [f"{src.name}:{r}" for r in range(table.num_rows)]
-    _add_rows(table, names, sink, image_key or "image", label_key or "label", repr(str(src)))
+
+
+def load_dataset(src: Any) -> Any:
+    """A `datasets.Dataset`: ``src`` itself, or loaded from its ``save_to_disk`` folder (a DatasetDict refused)."""
+    datasets = _datasets()
+    if isinstance(src, (str, os.PathLike)):
+        if (Path(src) / "dataset_dict.json").is_file():
+            splits = json.loads((Path(src) / "dataset_dict.json").read_text()).get("splits")
+            raise SourceError(f"{os.fspath(src)!r} holds a DatasetDict (splits {splits}); name one split's folder")
+        try:
+            return datasets.load_from_disk(os.fspath(src))
+        except (OSError, ValueError) as e:
+            raise SourceError(f"{os.fspath(src)!r} does not load as a datasets folder: {e}") from e
+    if isinstance(src, datasets.DatasetDict):
+        raise SourceError(f"a DatasetDict (splits {list(src)}); give one split, e.g. dataset['train']")
+    return src
 
 
 def dataset_rows(ds: Any) -> Iterator[Any]:
@@ -254,18 +283,7 @@ def read_hf(src: Any, sink: RecordSink, *, image_key: str | None, label_key: str
         label_key: the label column (default: the ``ClassLabel`` feature's, else ``label``).
     """
     datasets = _datasets()
-    if isinstance(src, (str, os.PathLike)):
-        if (Path(src) / "dataset_dict.json").is_file():
-            splits = json.loads((Path(src) / "dataset_dict.json").read_text()).get("splits")
-            raise SourceError(f"{os.fspath(src)!r} holds a DatasetDict (splits {splits}); name one split's folder")
-        try:
-            ds = datasets.load_from_disk(os.fspath(src))
-        except (OSError, ValueError) as e:
-            raise SourceError(f"{os.fspath(src)!r} does not load as a datasets folder: {e}") from e
-    elif isinstance(src, datasets.DatasetDict):
-        raise SourceError(f"a DatasetDict (splits {list(src)}); give one split, e.g. dataset['train']")
-    else:
-        ds = src
+    ds = load_dataset(src)
     features = ds.features
     images = [c for c, f in features.items() if isinstance(f, datasets.Image)]
     class_labels = [c for c, f in features.items() if isinstance(f, datasets.ClassLabel)]
