@@ -40,6 +40,7 @@ TEST_WORKERS = os.environ.get("TBL_TEST_WORKERS", "auto")
 REMOTE_TEST_DEPS = ["moto[server]>=5"]  # the loopback S3 server of tbl-loader's remote tests
 # The training frameworks users plug loaders into: Lightning's Trainer and torchdata's StatefulDataLoader.
 FRAMEWORK_TEST_DEPS = ["lightning>=2.2", "torchdata>=0.8"]
+RECORD_TEST_DEPS = ["webdataset>=0.2"]  # writes the WebDataset shards of tbl-loader's conversion tests
 
 # Order matters: each package after the ones it depends on.
 ALL_PACKAGES = ["tbl-format", "tbl-kernels", "tbl-loader", "tbl-resident", "tbl-bench"]
@@ -63,13 +64,15 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """All packages installed from their own directories; every package's tests and the cross-package tests."""
-    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *FRAMEWORK_TEST_DEPS)
+    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *FRAMEWORK_TEST_DEPS, *RECORD_TEST_DEPS)
     # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
-    # object-store tests (a local cluster, a local S3 server) instead of skipping them; tbl-format's
-    # [sql] and tbl-loader's [arrow] run the Arrow export and its DuckDB / Polars tests.
+    # object-store tests (a local cluster, a local S3 server) instead of skipping them, [parquet] and
+    # [hf] the conversions from Parquet and datasets sources; tbl-format's [sql] and tbl-loader's
+    # [arrow] run the Arrow export and its DuckDB / Polars tests.
     # tbl-bench's [packing] brings Grain, the packing benchmark's baseline (its test runs instead of skipping).
     _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos,packing]",
-                      str(PKG / "tbl-format") + "[lz4,sql]", str(PKG / "tbl-loader") + "[jpeg,ray,remote,arrow]")
+                      str(PKG / "tbl-format") + "[lz4,sql]",
+                      str(PKG / "tbl-loader") + "[jpeg,ray,remote,arrow,parquet,hf]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:
@@ -153,9 +156,9 @@ def kernels_matrix(session: nox.Session, kernels: str) -> None:
     else:
         expected, source = _kernels_in_tree_version(), PKG / "tbl-kernels"
     # scikit-image and the loader's extras: without them the conversion tests skip.
-    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, "scikit-image")
+    session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *RECORD_TEST_DEPS, "scikit-image")
     session.install(str(source))
-    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg,remote]")
+    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg,remote,parquet,hf]")
     session.run(
         "python", "-c",
         "import sys, tbl_kernels, tbl_loader; v = tbl_kernels.__version__; print('tbl-kernels', v); "

@@ -188,8 +188,9 @@ def test_convert_configurations_and_ratios(tmp_path):
     from tbl_bench.suites import convert as convert_suite
 
     configs = {c.name: c for c in convert_suite.configurations(_ctx(tmp_path, peers=True))}
+    layouts = {f"tbl-from-{layout}" for layout in ("webdataset", "parquet", "hf", "manifest")}
     assert set(configs) == {"decode-limit", "decode-limit-tbl-resize", "tbl", "turboloader", "litdata", "ffcv-raw",
-                            "ffcv-jpg"}
+                            "ffcv-jpg", *layouts}
     assert configs["decode-limit"].role == configs["decode-limit-tbl-resize"].role == "ceiling"
     assert configs["tbl"].role == "subject"
     assert configs["decode-limit-tbl-resize"].params["resize"] == "tbl" and "resize" not in configs["decode-limit"].params
@@ -203,6 +204,41 @@ def test_convert_configurations_and_ratios(tmp_path):
                                              "tbl vs turboloader": pytest.approx(3.0),
                                              "tbl vs ffcv-raw": pytest.approx(2.0)}
     assert convert_suite.ratios({"decode-limit": _ok(1.0)}) == {}
+    assert convert_suite.ratios({"tbl": _ok(800.0), "tbl-from-parquet": _ok(760.0)}) == {
+        "tbl-from-parquet vs tbl": pytest.approx(0.95)}
+
+
+def test_convert_from_each_layout_stores_the_tars_rows(tmp_path):
+    """The tbl-from-* subjects convert the same images and labels as the TAR: equal datasets, row for row."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("datasets")
+    import numpy as np
+
+    from tbl_bench.suites import convert as convert_suite
+    from tbl_loader import PyTreeDataset
+
+    ctx = BenchContext(tmp_path, sizes=Sizes(images=10, classes=2, image_size=32, batch_size=4, scalar_rows=10,
+                                             array_rows=10, warmup=1, epochs=2))  # builds its inputs
+    configs = {c.name: c for c in convert_suite.configurations(ctx)}
+    rows = {}
+    for name in ("tbl", "tbl-from-webdataset", "tbl-from-parquet", "tbl-from-hf", "tbl-from-manifest"):
+        config = configs[name]
+        assert config.skip is None, config.skip
+        params = {**config.params, "workers": 1}
+        w = convert_suite.tbl_convert(**params)
+        try:
+            assert w.run_epoch(0) == 10
+            ds = PyTreeDataset(w._last)
+            rows[name] = [(ds[i]["image"].copy(), int(ds[i]["label"])) for i in range(len(ds))]
+            ds.close()
+        finally:
+            w.close()
+    want = rows.pop("tbl")
+    assert len(want) == 10 and len({y for _, y in want}) == 2
+    for name, got in rows.items():
+        assert len(got) == 10, name
+        for (gi, gy), (wi, wy) in zip(got, want, strict=True):
+            assert np.array_equal(gi, wi) and gy == wy, name
 
 
 @pytest.mark.parametrize("suffix", [".out", ""])  # a file, a folder

@@ -5,6 +5,7 @@
                 [--on-error fail|skip] [--shard-rows N | --shards N] [--part i/n]
                 [--report PATH] [--quiet] [--label-file F] [--resample R] [--no-draft]
                 [--force] [--max-image-bytes N] [--engine local|ray [--address A]] [--allow-empty-classes]
+                [--from FORMAT] [--image-key K] [--label-key K]
     tbl convert --merge PART [PART ...] DST
 
 DST may be a URL (``s3://bucket/prefix/`` with --shard-rows or --shards, or
@@ -43,6 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .conversion.decode import MODES, RESAMPLE
+from .conversion.formats import FORMATS, RECORD_FORMATS, detect_format
 from .conversion.variable import DEFAULT_QUALITY, STORES
 from .source.storage import is_url, redact
 
@@ -56,6 +58,10 @@ EPILOG = """\
 sources: a TAR (plain or gzip/bzip2/xz) in ImageNet layout (class_name/x.JPEG), a folder tree
 (root/class_name/x.jpg, labels as torchvision ImageFolder: sorted class folders -> 0..K-1), or either
 one flat with --label-file (rows "name,label" or "name<TAB>label"; name relative to the source root).
+record sources (detected from SRC, or named with --from): WebDataset shards ('shards/{000000..000099}.tar',
+a folder of .tar), Parquet (a .parquet file or a folder of them), Arrow (.arrow), a HuggingFace datasets
+save_to_disk folder, a CSV / JSONL manifest of image paths relative to it; their other members / columns
+are stored as fields; --image-key and --label-key name the image and label member or column.
 parts: run 'tbl convert SRC PART_i --part i/n ...' for i = 0..n-1 anywhere (same options), then
 'tbl convert --merge PART_0 ... PART_n-1 DST' joins them in that order (== converting in one go).
 """
@@ -107,6 +113,12 @@ def register_convert(subparsers: Any) -> argparse.ArgumentParser:
                         "(through the resize and crop); repeatable")
     p.add_argument("--allow-empty-classes", action="store_true",
                    help="keep a class folder without images as a class with its label (default: refuse it)")
+    p.add_argument("--from", dest="source_format", choices=FORMATS, default=None,
+                   help="the source's format (default: detected from SRC)")
+    p.add_argument("--image-key", default=None, metavar="K",
+                   help="record sources: the image member (WebDataset extension) or column")
+    p.add_argument("--label-key", default=None, metavar="K",
+                   help="record sources: the label member or column (default: cls for WebDataset, else label)")
     p.add_argument("--merge", action="store_true", help="join part outputs PART... into DST instead of converting")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local (default): worker processes here; ray: Ray tasks on a Ray cluster (the ray extra); "
@@ -243,6 +255,9 @@ def _run(args: argparse.Namespace) -> int:
             keep_path=args.keep_path,
             sidecar=args.sidecar,
             allow_empty_classes=args.allow_empty_classes,
+            source_format=args.source_format,
+            image_key=args.image_key,
+            label_key=args.label_key,
             **options,
         )
     except (ImageDecodeError, WorkerCrashError) as e:
@@ -277,6 +292,10 @@ def _run_on_ray(args: argparse.Namespace, src: str, dst: str, options: dict[str,
     """``--engine ray``: the conversion as Ray tasks (`tbl_loader.ray.convert`)."""
     if args.engine != "ray":
         _error("--address needs --engine ray")
+        return EXIT_REFUSED
+    if (args.source_format or detect_format(src)) in RECORD_FORMATS:
+        _error(f"--engine ray converts a TAR or folder source; run {args.source_format or detect_format(src)} "
+               "sources without --engine ray; nothing was written")
         return EXIT_REFUSED
     for flag, value in (("--part", args.part), ("--force", args.force), ("--workers", args.workers)):
         if value:

@@ -12,7 +12,10 @@ limit: its own ceiling, ``decode-limit-tbl-resize``, is the same work with
 that resize (`tbl_loader.conversion.decode.preprocess_into` into a row), still writing
 nothing. TBL's figure is read as a fraction of both.
 
-Subjects: `tbl_loader.convert` (squash); with --peers, TurboLoader's
+Subjects: `tbl_loader.convert` (squash), from the TAR and from the same images
+and labels written as WebDataset shards, Parquet, a `datasets` folder and a
+JSONL manifest (``tbl-from-*``, `tbl_bench.record_sources`; each figure is
+read against the TAR's, same run); with --peers, TurboLoader's
 `preprocess_to_tbl`, `litdata.optimize` (PIL decode + resize in its workers)
 and FFCV 1.0.2's `DatasetWriter` from the photos at ``max_resolution=size``
 in its two modes, ``raw`` (decoded pixels) and ``jpg`` (re-encoded; FFCV
@@ -46,29 +49,32 @@ DECODE_CHUNK = 64  # images per task of the decode limit, as `tbl convert --size
 
 
 class _TblConvert(ConversionEpochs):
-    def __init__(self, tar: str, size: int, mode: str, workers: int, count: int):
+    def __init__(self, tar: str, size: int, mode: str, workers: int, count: int, source_format: str | None = None):
         try:
             from tbl_loader import convert
         except ImportError as e:
             raise SkipConfig(f"tbl_loader.convert is not importable: {e}") from e
         self.convert = convert
         self.tar, self.size, self.mode, self.workers = tar, size, mode, workers
+        self.source_format = source_format
         self.items_per_epoch = count
-        self.info = {"workers": workers, "mode": mode}
+        self.info = {"workers": workers, "mode": mode, "source_format": source_format or "tar"}
         super().__init__("tbl-bench-convert-", ".tbl")
 
     def convert_into(self, dst: Path) -> int:
         rep = self.convert(self.tar, dst, self.size, mode=self.mode, workers=self.workers,
-                           report=False, progress=False)
+                           report=False, progress=False, source_format=self.source_format)
         if rep.status != "ok":
             raise RuntimeError(f"tbl convert failed: {rep.error}")
         self.info["draft"] = rep.draft
         return rep.written
 
 
-def tbl_convert(tar: str, size: int, count: int, mode: str = "squash", workers: int = 2):
-    """Workload factory: one `tbl_loader.convert` of the TAR per epoch."""
-    return _TblConvert(tar, size, mode, workers, count)
+def tbl_convert(tar: str, size: int, count: int, mode: str = "squash", workers: int = 2,
+                source_format: str | None = None):
+    """Workload factory: one `tbl_loader.convert` of the TAR (or of the same images in another layout,
+    ``source_format``: `tbl_bench.record_sources`) per epoch."""
+    return _TblConvert(tar, size, mode, workers, count, source_format)
 
 
 _TAR_FD: int | None = None
@@ -179,6 +185,7 @@ def configurations(ctx: BenchContext) -> list[Config]:
         Config(NAME, "tbl", "tbl", "tbl_bench.suites.convert:tbl_convert",
                {"tar": tar, "size": size, "count": count, "workers": workers}, **common),
     ]
+    configs += _record_source_configs(ctx, tar, size, count, workers, common)
     if ctx.peers:
         configs += [
             Config(NAME, "turboloader", "turboloader", "tbl_bench.peers.turbo:turbo_convert",
@@ -191,6 +198,30 @@ def configurations(ctx: BenchContext) -> list[Config]:
             configs.append(Config(NAME, f"ffcv-{mode}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_convert",
                                   {"tar": tar, "size": size, "write_mode": mode, "workers": workers},
                                   peer=True, skip=ffcv_skip, **common))
+    return configs
+
+
+def _record_source_configs(ctx: BenchContext, tar: str, size: int, count: int, workers: int,
+                           common: dict) -> list[Config]:
+    """`tbl convert` of the same images and labels as WebDataset shards, Parquet, a datasets folder and a
+    JSONL manifest (`tbl_bench.record_sources`), each against the TAR's conversion in the same run."""
+    from tbl_bench.record_sources import LAYOUTS, layout_path, write_layout
+
+    if ctx.user is not None:  # the layouts are written from the generated photos only, not from a user's TAR
+        return []
+    configs = []
+    for layout in LAYOUTS:
+        skip, src = None, ""
+        try:
+            written = ctx.artifact(f"photos-{count}-{layout}", {"kind": "layout", "tar": Path(tar).name,
+                                                                 "layout": layout},
+                                   lambda path, layout=layout: write_layout(tar, layout, path))
+            src = str(layout_path(layout, written))
+        except ImportError as e:  # pyarrow (parquet), datasets (hf)
+            skip = f"the {layout} layout cannot be written here: {e}"
+        configs.append(Config(NAME, f"tbl-from-{layout}", "tbl", "tbl_bench.suites.convert:tbl_convert",
+                              {"tar": src, "size": size, "count": count, "workers": workers,
+                               "source_format": layout}, skip=skip, **common))
     return configs
 
 
@@ -211,4 +242,8 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
         other = results.get(name)
         if other and other.get("throughput"):
             out[f"tbl vs {name}"] = tbl["throughput"] / other["throughput"]
+    if tbl.get("throughput"):
+        for name, res in results.items():
+            if name.startswith("tbl-from-") and res and res.get("throughput"):
+                out[f"{name} vs tbl"] = res["throughput"] / tbl["throughput"]
     return out

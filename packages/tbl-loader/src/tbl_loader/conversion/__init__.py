@@ -1,4 +1,5 @@
-"""Conversion: images (TAR, folder, list) into a .tbl dataset. Never imported by the serving sub-packages.
+"""Conversion: images (TAR, folder, list, WebDataset, Parquet / Arrow, `datasets`, manifest) into a .tbl dataset,
+and generic tables into a pytree .tbl (`convert_table`). Never imported by the serving sub-packages.
 
 ``convert`` is the user's entry (also ``tbl_loader.convert``); the other names
 are the conversion's internal API, named so that the Ray engine
@@ -25,6 +26,7 @@ from .images import (
     fixed_schema,
     merge_parts,
 )
+from .table_pytree import convert_table
 from .variable import VariableRecipe
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "check_report_path",
     "chunk_writer",
     "convert",
+    "convert_table",
     "dataset_metadata",
     "decode",
     "finish_report",

@@ -21,7 +21,11 @@ lists (nested for 2-D, e.g. boxes ``[[x, y, w, h], ...]``) -> arrays,
 ``int64`` if every element is an int, else ``float32``: a fixed-shape array
 when every image's value has one shape (a multi-label vector), else a
 variable-shape one (an empty list is an empty array of the others' trailing
-shape). Every converted image needs an entry with every field
+shape). A record source's fields (`tbl_loader.conversion.records`) follow the
+same rules, and may also hold bytes (-> ``bytes``), numpy arrays (keeping
+their dtype, which must be one), lists of strings (-> a list of str) and
+objects with one set of keys (-> a dict of fields, each by these rules).
+Every converted image needs an entry with every field
 (:class:`SidecarError` names the first that has none); entries naming no image
 of the source are ignored. A field may not take the name of a column the
 converter writes itself: ``image``, ``label``, ``path``, ``orig_size``, and the
@@ -44,7 +48,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +56,18 @@ import numpy as np
 
 import tbl_format
 
-from ..errors import GeometryFieldError, SidecarError
+from ..errors import GeometryFieldError, SidecarError, SourceError
 from ..image.geometry import check_geometry, map_boxes
 
-__all__ = ["ExtraColumns", "load_sidecar"]
+__all__ = ["ExtraColumns", "field_leaf", "load_sidecar", "parse_cell"]
 
 RESERVED = ("image", "label", "path", "orig_size")
 # EXIF orientations that turn the image by 90 degrees (ImageOps.exif_transpose swaps height and width).
 _TURNED = (5, 6, 7, 8)
 
 
-def _cell(text: str) -> Any:
+def parse_cell(text: str) -> Any:
+    """A CSV cell: an int if it reads as one, else a float if it reads as one, else the text."""
     for cast in (int, float):
         try:
             return cast(text)
@@ -117,12 +122,13 @@ def load_sidecar(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
             continue
         if len(row) != len(header):
             raise SidecarError(f"{p}: line {line} has {len(row)} cells, the header {len(header)}")
-        out[row[at]] = {f: _cell(v) for f, v in zip(header, row, strict=True) if f != key}
+        out[row[at]] = {f: parse_cell(v) for f, v in zip(header, row, strict=True) if f != key}
     return out
 
 
-def _leaf(field: str, values: list[Any]) -> tuple[tbl_format.Leaf, Any]:
-    """The leaf kind of one field from all its values, and the function that converts one value to it."""
+def field_leaf(field: str, values: list[Any]) -> tuple[Any, Any]:
+    """The leaf kind of one field from all its values (a dict of leaves for dict values), and the function that
+    converts one value to it."""
     if all(isinstance(v, bool) for v in values):
         return tbl_format.Leaf("bool"), bool
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
@@ -131,13 +137,21 @@ def _leaf(field: str, values: list[Any]) -> tuple[tbl_format.Leaf, Any]:
         return tbl_format.Leaf("float"), float
     if all(isinstance(v, str) for v in values):
         return tbl_format.Leaf("str"), str
+    if all(isinstance(v, bytes) for v in values):
+        return tbl_format.Leaf("bytes"), bytes
+    if all(isinstance(v, dict) for v in values):
+        return _dict_leaf(field, values)
+    if all(isinstance(v, np.ndarray) for v in values):
+        return _ndarray_leaf(field, values)
+    if all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in values) and any(values):
+        return tbl_format.Leaf("var_list", item="str"), list
     if all(isinstance(v, list) for v in values):
         try:
             arrays = [np.asarray(v) for v in values]
         except ValueError as e:  # ragged, or nested deeper than numpy's 64 dimensions
             raise SidecarError(f"field {field!r}: list values that are not arrays of numbers ({e})") from None
         if any(a.dtype.kind not in "iufb" for a in arrays if a.size):
-            raise SidecarError(f"field {field!r}: list values must hold numbers only")
+            raise SidecarError(f"field {field!r}: list values must hold numbers only (or strings only)")
         dtype = np.int64 if all(a.dtype.kind in "iub" for a in arrays if a.size) else np.float32
         shaped = [a for a in arrays if a.size]
         trailing = shaped[0].shape[1:] if shaped else ()
@@ -146,15 +160,48 @@ def _leaf(field: str, values: list[Any]) -> tuple[tbl_format.Leaf, Any]:
             a = np.asarray(v, dtype=dtype)
             return a.reshape((0, *trailing)) if a.size == 0 else a
 
-        shapes = {convert(v).shape for v in values}
-        if len(shapes) == 1:
-            return tbl_format.Leaf("array", dtype=np.dtype(dtype).name, shape=shapes.pop()), convert
-        ndims = {len(s) for s in shapes}
-        if len(ndims) != 1:
-            raise SidecarError(f"field {field!r}: list values of different depths {sorted(ndims)}")
-        return tbl_format.Leaf("var_array", dtype=np.dtype(dtype).name, ndim=ndims.pop()), convert
+        return _array_leaf(field, dtype, [convert(v).shape for v in values]), convert
     kinds = sorted({type(v).__name__ for v in values})
     raise SidecarError(f"field {field!r}: values of mixed or unsupported types {kinds}")
+
+
+def _array_leaf(field: str, dtype: Any, shapes: list[tuple[int, ...]]) -> tbl_format.Leaf:
+    """A fixed-shape array leaf when every value has one shape, else a variable-shape one of one ndim."""
+    if len(set(shapes)) == 1:
+        return tbl_format.Leaf("array", dtype=np.dtype(dtype).name, shape=shapes[0])
+    ndims = {len(s) for s in shapes}
+    if len(ndims) != 1:
+        raise SidecarError(f"field {field!r}: list values of different depths {sorted(ndims)}")
+    return tbl_format.Leaf("var_array", dtype=np.dtype(dtype).name, ndim=ndims.pop())
+
+
+def _ndarray_leaf(field: str, values: list[np.ndarray]) -> tuple[tbl_format.Leaf, Any]:
+    """Arrays (a WebDataset ``.npy`` member, an Arrow list column) keep their own dtype, which must be one; an
+    empty one takes the others' trailing shape, as an empty list does."""
+    dtypes = sorted({a.dtype.str for a in values})
+    if len(dtypes) != 1:
+        raise SidecarError(f"field {field!r}: arrays of different dtypes {dtypes}")
+    shaped = [a for a in values if a.size]
+    trailing = shaped[0].shape[1:] if shaped else ()
+
+    def convert(a: np.ndarray) -> np.ndarray:
+        return a.reshape((0, *trailing)) if a.size == 0 else np.ascontiguousarray(a)
+
+    return _array_leaf(field, values[0].dtype, [convert(a).shape for a in values]), convert
+
+
+def _dict_leaf(field: str, values: list[dict[str, Any]]) -> tuple[dict[str, Any], Any]:
+    """Objects (a parsed ``.json`` member, an Arrow struct) with one set of keys: a dict of leaves, one per key."""
+    keys = list(values[0])
+    differing = next((v for v in values if list(v) != keys), None)
+    if differing is not None:
+        raise SidecarError(f"field {field!r}: objects with different keys {keys} and {list(differing)}")
+    parts = {k: field_leaf(f"{field}.{k}", [v[k] for v in values]) for k in keys}
+
+    def convert(v: dict[str, Any]) -> dict[str, Any]:
+        return {k: part_convert(v[k]) for k, (_, part_convert) in parts.items()}
+
+    return {k: node for k, (node, _) in parts.items()}, convert
 
 
 class ExtraColumns:
@@ -162,18 +209,19 @@ class ExtraColumns:
 
     def __init__(self, names: Sequence[str], locators: Sequence[Any], *, written: Sequence[str],
                  keep_path: bool = False, sidecar: str | os.PathLike[str] | None = None, tar_path: str | None = None,
-                 max_bytes: int | None = None, geometry: dict[str, str] | None = None,
-                 placement: Any = None) -> None:
+                 max_bytes: int | None = None, fields: Mapping[str, Mapping[str, Any]] | None = None,
+                 geometry: dict[str, str] | None = None, placement: Any = None) -> None:
         """Args:
             names: each image's name in the listing (a sidecar's keys).
             locators: where each image's bytes are (a path, or a tar member's offset and size).
             written: the columns the conversion's recipe writes itself (its schema's top-level names);
-                no sidecar field may take one of them, nor one of RESERVED.
+                no field may take one of them, nor one of RESERVED.
             keep_path: add the ``path`` and ``orig_size`` columns.
             sidecar: a JSON / CSV / TSV file of per-image fields.
             tar_path: the TAR the locators point into, if any.
             max_bytes: the largest image file read (--max-image-bytes).
-            geometry: sidecar fields holding boxes, by kind (see the module docstring).
+            fields: a record source's own fields per image name (instead of a sidecar).
+            geometry: fields holding boxes, by kind (see the module docstring).
             placement: ``placement(height, width) -> (source region (top, left, h, w), stored (H, W))``,
                 the recipe's geometry that boxes are mapped through.
         """
@@ -182,32 +230,22 @@ class ExtraColumns:
         self.keep_path = bool(keep_path)
         self.tar_path = tar_path
         self.max_bytes = max_bytes
-        self.leaves: dict[str, tbl_format.Leaf] = {}
+        self.leaves: dict[str, Any] = {}  # a field's leaf, or a dict of leaves for an object field
         self._fields: list[tuple[str, Any]] = []
         self._entries: dict[str, dict[str, Any]] = {}
+        self._tar: Any = None
         if self.keep_path:
             self.leaves["path"] = tbl_format.Leaf("str")
             self.leaves["orig_size"] = tbl_format.Leaf("array", dtype="int64", shape=(2,))
+        if sidecar is not None and fields is not None:
+            raise SidecarError(f"{sidecar}: this source carries its own fields; a sidecar applies to a TAR or "
+                               "folder source")
         if sidecar is not None:
             self._entries = load_sidecar(sidecar)
-            missing = [n for n in self.names if n not in self._entries]
-            if missing:
-                raise SidecarError(f"{sidecar}: no entry for image {missing[0]!r} ({len(missing)} images have none)")
-            fields = list(dict.fromkeys(f for n in self.names for f in self._entries[n]))
-            taken = list(dict.fromkeys([*RESERVED, *written]))
-            for f in fields:
-                if f in taken:  # it would silently replace the converter's own column
-                    raise SidecarError(f"{sidecar}: field {f!r} is reserved: the converter writes a {f!r} column "
-                                       f"itself (reserved: {', '.join(taken)}); rename the field")
-                lacking = next((n for n in self.names if f not in self._entries[n]), None)
-                if lacking is not None:
-                    raise SidecarError(f"{sidecar}: image {lacking!r} has no field {f!r}")
-                try:
-                    leaf, convert = _leaf(f, [self._entries[n][f] for n in self.names])
-                except SidecarError as e:
-                    raise SidecarError(f"{sidecar}: {e}") from None
-                self.leaves[f] = leaf
-                self._fields.append((f, convert))
+            self._add_fields(str(sidecar), SidecarError, written)
+        elif fields is not None:
+            self._entries = {n: dict(v) for n, v in fields.items()}
+            self._add_fields("source", SourceError, written)
         self.geometry = check_geometry(geometry)
         self.placement = placement
         for f in self.geometry:
@@ -221,6 +259,27 @@ class ExtraColumns:
             self.leaves[f] = (tbl_format.Leaf("var_array", dtype="float32", ndim=2) if leaf.kind == "var_array"
                               else tbl_format.Leaf("array", dtype="float32", shape=leaf.shape))
         self._tar: Any = None
+
+    def _add_fields(self, where: str, error: type[ValueError], written: Sequence[str]) -> None:
+        """A leaf per field of the entries, from every converted image's value; ``error`` names what is wrong."""
+        missing = [n for n in self.names if n not in self._entries]
+        if missing:
+            raise error(f"{where}: no entry for image {missing[0]!r} ({len(missing)} images have none)")
+        fields = list(dict.fromkeys(f for n in self.names for f in self._entries[n]))
+        taken = list(dict.fromkeys([*RESERVED, *written]))
+        for f in fields:
+            if f in taken:  # it would silently replace the converter's own column
+                raise error(f"{where}: field {f!r} is reserved: the converter writes a {f!r} column "
+                            f"itself (reserved: {', '.join(taken)}); rename the field")
+            lacking = next((n for n in self.names if f not in self._entries[n]), None)
+            if lacking is not None:
+                raise error(f"{where}: image {lacking!r} has no field {f!r}")
+            try:
+                leaf, convert = field_leaf(f, [self._entries[n][f] for n in self.names])
+            except SidecarError as e:
+                raise error(f"{where}: {e}") from None
+            self.leaves[f] = leaf
+            self._fields.append((f, convert))
 
     def __bool__(self) -> bool:
         return bool(self.leaves)

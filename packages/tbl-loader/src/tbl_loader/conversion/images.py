@@ -128,13 +128,13 @@ from ..version import __version__
 from .chunk_writer import ChunkWriter
 from .decode import ALPHA_BACKGROUND, check_params, check_strict, preprocess_image, preprocess_into
 from .extra_columns import ExtraColumns
+from .formats import open_any_source
 from .sources import (
     DEFAULT_MAX_IMAGE_BYTES,
     Listing,
     Locator,
     TarReader,
     check_empty_classes,
-    open_source,
     read_file,
 )
 from .variable import DEFAULT_QUALITY, VariableRecipe
@@ -744,8 +744,11 @@ def convert(
     sidecar: str | os.PathLike[str] | None = None,
     allow_empty_classes: bool = False,
     geometry: dict[str, str] | None = None,
+    source_format: str | None = None,
+    image_key: str | None = None,
+    label_key: str | None = None,
 ) -> ConvertReport:
-    """Convert ``src`` (TAR, folder tree or list of (path, label)) to a .tbl dataset at ``dst``.
+    """Convert ``src`` (TAR, folder tree, list of (path, label), or a record source) to a .tbl dataset at ``dst``.
 
     ``size``: stored side S. ``mode``: "center_crop" or "squash". Or, instead
     of ``size``, ``max_size``: images keep their aspect with the longer side
@@ -765,9 +768,14 @@ def convert(
     ``sidecar`` (per-image fields from a JSON / CSV file keyed by path): see
     `tbl_loader.conversion.extra_columns`. ``allow_empty_classes``: keep a class folder
     without images as a class with its label index (otherwise `EmptyClassError`
-    names it and nothing is written). ``geometry`` (``{sidecar field: "xyxy"}``): sidecar boxes in the
+    names it and nothing is written). ``geometry`` (``{field: "xyxy"}``): boxes in the
     upright source image's pixels, stored mapped through the conversion's resize and crop into stored
-    pixels (`tbl_loader.conversion.extra_columns`).
+    pixels (`tbl_loader.conversion.extra_columns`). ``source_format``: one of ``FORMATS``
+    (`tbl_loader.conversion.formats`), None to detect it from ``src``: WebDataset
+    shards, Parquet / Arrow, a HuggingFace `datasets` Dataset or folder, a CSV /
+    JSONL manifest, whose other members / columns become fields as a sidecar's
+    do; ``image_key`` / ``label_key`` name their image and label member or
+    column.
     """
     t0 = time.perf_counter()
     if (size is None) == (max_size is None):
@@ -821,7 +829,9 @@ def convert(
         raise DestinationError(f"cannot create the folder {dst_path.parent} for {dst_path}: {e.strerror or e}") from e
     if workers > 1:
         _start_forkserver()  # it imports the decoder on another core while this one lists the source
-    with open_source(src, label_file=label_file, scratch_dir=dst_path.parent) as listing:
+    with open_any_source(src, source_format=source_format, label_file=label_file, scratch_dir=dst_path.parent,
+                         image_key=image_key, label_key=label_key, on_error=on_error,
+                         max_bytes=max_image_bytes) as listing:
         check_empty_classes(listing, allow_empty_classes)  # refused before anything is written
         n_all = len(listing)
         start, stop = part_range(n_all, part_t)
@@ -830,11 +840,11 @@ def convert(
         locators = listing.locators[start:stop]
         extra = ExtraColumns(names, locators, written=list(recipe.schema().tree), keep_path=keep_path,
                              sidecar=sidecar, tar_path=listing.tar_path, max_bytes=max_image_bytes,
-                             geometry=geometry, placement=recipe.stored_geometry)
+                             fields=listing.fields, geometry=geometry, placement=recipe.stored_geometry)
         workers = max(1, min(workers, len(locators)))
         t_scan = time.perf_counter()
         rep = ConvertReport(
-            source=os.fspath(src) if isinstance(src, (str, os.PathLike)) else f"<list of {n_all}>",
+            source=os.fspath(src) if isinstance(src, (str, os.PathLike)) else f"<{listing.kind} of {n_all}>",
             destination=str(dst_path),
             status="failed",
             size=size,

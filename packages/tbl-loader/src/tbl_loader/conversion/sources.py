@@ -91,7 +91,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
 
 import numpy as np
 
@@ -105,6 +105,7 @@ __all__ = [
     "Listing",
     "TarReader",
     "check_empty_classes",
+    "labels_from_values",
     "open_regular",
     "open_source",
     "parse_label_file",
@@ -164,12 +165,12 @@ Locator = str | tuple[int, int]
 class Listing:
     """A source's samples in conversion order."""
 
-    kind: str  # "tar", "folder" or "list"
+    kind: str  # "tar", "folder", "list", or a record source (`tbl_loader.conversion.records`)
     names: list[str]
     labels: list[int]
     locators: list[Locator]
     classes: list[str]
-    tar_path: str | None = None  # plain TAR the (offset, size) locators point into
+    tar_path: str | None = None  # plain TAR (or scratch file of a record source) the (offset, size) locators point into
     compression: str | None = None  # compression of the original TAR, if any
     ignored: list[str] = field(default_factory=list)
     # (name, why): folders not walked (a link to a folder already walked, a loop, unreadable) and
@@ -178,6 +179,8 @@ class Listing:
     # class folders (folder sources) in which no image was listed; they keep their label index
     empty_classes: list[str] = field(default_factory=list)
     root: str | None = None  # the folder source's root (names the empty class folders)
+    # a record source's own fields: {name: {field: value}} (stored as the sidecar's are)
+    fields: dict[str, dict[str, Any]] | None = None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -241,11 +244,11 @@ def parse_label_file(path: str | os.PathLike[str]) -> tuple[dict[str, int], list
             raise SourceError(f"label file {str(path)!r} line {lineno}: {name!r} already listed on line {seen[name]}")
         seen[name] = lineno
     raw = {name: label for name, label, _ in entries}
-    labels, classes = _labels_from_values(list(raw.values()), what=f"label file {str(path)!r}")
+    labels, classes = labels_from_values(list(raw.values()), what=f"label file {str(path)!r}")
     return dict(zip(raw, labels, strict=True)), classes
 
 
-def _labels_from_values(values: Sequence[object], *, what: str) -> tuple[list[int], list[str]]:
+def labels_from_values(values: Sequence[object], *, what: str) -> tuple[list[int], list[str]]:
     """All non-negative integers (ints or digit strings): used as given, class names "0".."max".
     Otherwise all must be strings: class names, sorted, label = index."""
     ints: list[int] = []
@@ -630,7 +633,7 @@ def _list_listing(pairs: Sequence[object]) -> Listing:
             raise SourceError(f"source list item {i}: path must be str or PathLike, got {type(p).__name__}")
         names.append(os.fspath(p))
         values.append(label)
-    labels, classes = _labels_from_values(values, what="source list")
+    labels, classes = labels_from_values(values, what="source list")
     # Absolute locators: worker processes need not share the caller's working directory.
     return Listing("list", names, labels, [os.path.abspath(n) for n in names], classes)
 
