@@ -109,6 +109,35 @@ def test_fetch_shard_makes_only_the_touched_shards_present(tmp_path):
     assert ds2[21]["i"] == 21 and ds2._fetch_shard.calls[-1] == 5
 
 
+def test_a_fetched_file_evicted_before_it_is_opened_is_fetched_again(tmp_path):
+    """A cache shared by threads may evict the file between the hook's return and the open: the dataset asks
+    the hook again; a file that keeps vanishing is a MissingShardError naming the shard."""
+    d, store, files = _split_store(tmp_path)
+    hook = _MoveIn(store, d, files)
+
+    class EvictedOnce:
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, k):
+            self.calls += 1
+            path = hook(k)
+            if self.calls == 1:  # another reader of the cache made room with it
+                path.unlink()
+            return path
+
+    evicted = EvictedOnce()
+    assert tf.open(d, fetch_shard=evicted)[13]["i"] == 13 and evicted.calls == 2
+
+    def always_gone(k):
+        path = hook(k)
+        path.unlink()
+        return path
+
+    with pytest.raises(tf.MissingShardError, match=files[2]):
+        tf.open(d, fetch_shard=always_gone)[9]
+
+
 def test_fetch_shard_needs_a_dataset_directory(tmp_path):
     f = tf.write(rows(0, 4), tmp_path / "one.tbl")
     with pytest.raises(ValueError, match="fetch_shard needs a dataset directory"):

@@ -108,6 +108,71 @@ def test_cache_reuses_shards_and_evicts_lru_within_limit(s3_server, local_ds, re
         assert ds.cache.downloads == downloads
 
 
+def test_a_download_ahead_never_takes_the_cache_over_its_limit(s3_server, local_ds, remote_url, tmp_path):
+    """Read-ahead is optional: with the limit taken by a shard in use (its lock held) and a download in flight,
+    a download ahead fetches nothing; a read's own fetch still gets its shard."""
+    from tbl_loader.source.cache import _TMP_MARK
+    from tbl_loader.source.remote import RemoteDataset
+
+    shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
+    with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=2 * shard_size,
+                       storage_options=s3_server.storage_options) as ds:
+        cache, entries = ds.cache, ds.shard_entries
+        # another reader's download of shard 9, in flight: its temporary file names its size
+        (ds.local_dir / f".{entries[9]['file']}{_TMP_MARK}feed-{shard_size}").touch()
+        with cache.holding(ds.store, ds.local_dir, entries[0]):  # shard 0 in use
+            assert cache.fetch_ahead(ds.store, ds.local_dir, entries[1]) is None
+            assert not (ds.local_dir / entries[1]["file"]).exists() and cache.downloads == 1
+            assert cache.fetch(ds.store, ds.local_dir, entries[1]).exists()  # a read goes over, as documented
+        for tmp in ds.local_dir.glob(f"*{_TMP_MARK}*"):
+            tmp.unlink()
+        # with room, a download ahead evicts the least recently used shard like any other
+        assert cache.fetch_ahead(ds.store, ds.local_dir, entries[2]) is not None
+        assert cache.size() <= 2 * shard_size
+
+
+def test_parallel_downloads_stay_within_the_limit(s3_server, local_ds, remote_url, tmp_path):
+    """Eight threads each fetching shards ahead through a two-shard cache: the bytes on disk, shards and
+    downloads in flight, never pass the limit (room is made and the download's file made under one lock)."""
+    import threading
+
+    from tbl_loader.source.cache import _TMP_MARK
+    from tbl_loader.source.remote import RemoteDataset
+
+    shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
+    limit = 2 * shard_size
+    with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=limit,
+                       storage_options=s3_server.storage_options) as ds:
+        cache, entries = ds.cache, ds.shard_entries
+        seen, done = [], threading.Event()
+
+        sizes = {e["file"]: e["size"] for e in entries}
+
+        def on_disk():  # shards published or downloading, by name: a rename seen twice in one listing counts once
+            names = {p.name.partition(_TMP_MARK)[0].removeprefix(".") for p in ds.local_dir.iterdir()}
+            return sum(sizes.get(name, 0) for name in names)
+
+        def watch():
+            while not done.is_set():
+                seen.append(on_disk())
+
+        def fetch_ahead(start):
+            for k in range(start, start + 20):
+                cache.fetch_ahead(ds.store, ds.local_dir, entries[k % len(entries)])
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        threads = [threading.Thread(target=fetch_ahead, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done.set()
+        watcher.join()
+        assert cache.size() <= limit and max(seen) <= limit
+        assert cache.downloads >= 2
+
+
 def test_evicted_while_mapped_stays_readable(s3_server, local_ds, remote_url, tmp_path):
     from tbl_loader.source.remote import RemoteDataset
 

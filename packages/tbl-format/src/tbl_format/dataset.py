@@ -17,6 +17,7 @@ the process's descriptor limit, which ``max_open`` exists to respect.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -52,7 +53,10 @@ __all__ = ["DEFAULT_MAX_OPEN", "Dataset", "open"]
 
 
 FetchShard = Callable[[int], "str | os.PathLike[str]"]
-"""``fetch_shard(k)``: make shard ``k`` of a dataset directory present and return its file's path."""
+"""``fetch_shard(k)``: make shard ``k`` of a dataset directory present and return its file's path.
+If the file is gone when the dataset opens it (a cache evicted it meanwhile), the hook is called again."""
+
+_FETCH_ATTEMPTS = 3  # calls of a fetch hook for one open of a shard whose file keeps vanishing before it is mapped
 
 ReadAhead = Callable[[list[int]], None]
 """``read_ahead(shards)``: the shards reads will need next, in the order they first need them."""
@@ -191,8 +195,7 @@ class Dataset:
         where = f"{self._files[k]}"
         try:
             try:
-                path = self._files[k] if self._fetch_shard is None else Path(self._fetch_shard(k))
-                shard = open_file(path)
+                shard = self._open_file(k)
             except OSError as exc:
                 raise MissingShardError(f"{where}: cannot open the shard the manifest lists: "
                                         f"{exc.strerror or exc}") from None
@@ -218,6 +221,17 @@ class Dataset:
         while len(shards) > self._max_open:
             shards.popitem(last=False)
         return shard
+
+    def _open_file(self, k: int) -> Shard:
+        """Shard ``k``'s file, mapped. A fetch hook's file may be evicted by its cache between the hook's
+        return and this open (another reader of the cache made room): the hook is asked again, a bounded
+        number of times, before the file counts as missing."""
+        if self._fetch_shard is None:
+            return open_file(self._files[k])
+        for _ in range(_FETCH_ATTEMPTS - 1):
+            with contextlib.suppress(FileNotFoundError):
+                return open_file(Path(self._fetch_shard(k)))
+        return open_file(Path(self._fetch_shard(k)))
 
     def _manifest_changed(self) -> bool:
         """Whether manifest.json is no longer the one this dataset read (replaced, rewritten or removed)."""

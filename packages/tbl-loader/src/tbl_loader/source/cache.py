@@ -30,7 +30,11 @@ Rules (DESIGN.md, "Remote datasets"):
   downloaded or opened). A file already mapped by a reader stays readable
   after it is unlinked (the kernel keeps its pages until the last map goes);
   its disk space is freed then. So ``cache_limit`` must hold at least the
-  shards a reader keeps open at once.
+  shards a reader keeps open at once. Room is made and the download's
+  temporary file created under one eviction lock, so downloads side by side
+  never pass the limit together. A read's own fetch goes over the limit when
+  every other file is in use; a download ahead (:meth:`ShardCache.fetch_ahead`,
+  a fetcher's read-ahead) then downloads nothing.
 - A full disk during a download raises :class:`CacheFullError` and leaves
   nothing behind.
 - A cached file is served only while it is the shard the current manifest
@@ -234,18 +238,32 @@ class ShardCache:
         caller can open (map) it. Later eviction does not disturb a map."""
         final = directory / entry["file"]
         with self._locked(final):
-            self._remove_temporaries(final)
-            if not self._cached(final, entry):
-                self._download(store, final, entry, verify_data)
-            else:
-                os.utime(final)  # the LRU clock
-                self.counters.add(hits=1)
+            self._present(store, final, entry, verify_data, ahead=False)
             yield final
 
     def fetch(self, store: Store, directory: Path, entry: dict[str, Any], *, verify_data: bool = False) -> Path:
         """:meth:`holding` without keeping the lock: the shard is cached now (it may be evicted later)."""
         with self.holding(store, directory, entry, verify_data=verify_data) as path:
             return path
+
+    def fetch_ahead(self, store: Store, directory: Path, entry: dict[str, Any], *,
+                    verify_data: bool = False) -> Path | None:
+        """:meth:`fetch` for a shard wanted soon, not now (a fetcher's read-ahead): None, with nothing
+        downloaded, when it would not fit within the limit beside the shards in use and the downloads in
+        flight. A read's own fetch may go over the limit for as long as its shards are in use; a download
+        ahead never does."""
+        final = directory / entry["file"]
+        with self._locked(final):
+            return final if self._present(store, final, entry, verify_data, ahead=True) else None
+
+    def _present(self, store: Store, final: Path, entry: dict[str, Any], verify_data: bool, *, ahead: bool) -> bool:
+        """Make ``final`` the cached shard ``entry`` (its lock is held): False if ``ahead`` and it does not fit."""
+        self._remove_temporaries(final)
+        if self._cached(final, entry):
+            os.utime(final)  # the LRU clock
+            self.counters.add(hits=1)
+            return True
+        return self._download(store, final, entry, verify_data, ahead=ahead)
 
     def refetch(self, store: Store, directory: Path, entry: dict[str, Any]) -> Path:
         """Evict shard ``entry``'s cached file (its data failed a check after it was cached) and download it
@@ -305,17 +323,19 @@ class ShardCache:
                 if other.name.startswith(prefix):
                     other.unlink(missing_ok=True)
 
-    def _download(self, store: Store, final: Path, entry: dict[str, Any], verify_data: bool) -> None:
+    def _download(self, store: Store, final: Path, entry: dict[str, Any], verify_data: bool, *,
+                  ahead: bool = False) -> bool:
+        """Download, check and publish ``final``; False (nothing done) if ``ahead`` and it does not fit."""
         final.parent.mkdir(parents=True, exist_ok=True)
-        self._make_room(entry.get("size") or 0, keep=final)
         problem = ""
         for _attempt in range(2):  # one re-download after a failed check, then a named error
-            # The expected size is in the name: eviction counts downloads in flight against the limit.
-            tmp = final.parent / f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}-{int(entry.get('size') or 0)}"
+            tmp = self._reserve(final, int(entry.get("size") or 0), ahead=ahead)
+            if tmp is None:
+                return False
             try:
                 try:
                     started = time.perf_counter()
-                    with open(tmp, "xb") as out:
+                    with open(tmp, "r+b") as out:
                         store.download(entry["file"], out)
                         out.flush()
                         os.fsync(out.fileno())
@@ -341,7 +361,7 @@ class ShardCache:
                         finally:
                             tag_tmp.unlink(missing_ok=True)
                     os.replace(tmp, final)
-                    return
+                    return True
             finally:
                 tmp.unlink(missing_ok=True)
         raise RemoteChecksumError(f"{store.where(entry['file'])}: failed its checks twice (downloaded again once): "
@@ -416,31 +436,50 @@ class ShardCache:
                 total += int(tail) if tail.isdigit() else 0
         return total
 
-    def _make_room(self, incoming: int, keep: Path) -> None:
-        """Unlink least-recently-used shards until ``incoming`` more bytes fit within the limit."""
+    def _reserve(self, final: Path, size: int, *, ahead: bool = False) -> Path | None:
+        """The empty temporary file a ``size``-byte download of ``final`` writes to, created after making room;
+        None if ``ahead`` and the room cannot be made (every other file is in use or in flight).
+
+        The expected size is in its name, so every later eviction counts this download in flight
+        against the limit. Room is made and the file created under one eviction lock: two downloads
+        that each found room would otherwise both start, together over the limit."""
+        tmp = final.parent / f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}-{size}"
         if self.limit is None:
-            return
+            tmp.touch(exist_ok=False)
+            return tmp
+        with self._filelock.FileLock(str(self.locks / "evict.lock")):
+            if not self._make_room(size, keep=final) and ahead:
+                return None
+            tmp.touch(exist_ok=False)
+        return tmp
+
+    def _make_room(self, incoming: int, keep: Path) -> bool:
+        """Unlink least-recently-used shards until ``incoming`` more bytes fit within the limit (the eviction
+        lock is held); whether they fit then (not when the files left are in use)."""
         if incoming > self.limit:
             raise CacheFullError(f"{self.root}: cache_limit {self.limit} bytes cannot hold one {incoming}-byte shard")
-        with self._filelock.FileLock(str(self.locks / "evict.lock")):
-            files = []
-            for path in self.cached_files():
-                with contextlib.suppress(FileNotFoundError):
-                    st = path.stat()
-                    files.append((st.st_mtime_ns, st.st_size, path))
-            total = sum(size for _, size, _ in files) + self._in_flight(keep)
-            for _, size, path in sorted(files, key=lambda f: (f[0], str(f[2]))):
-                if total + incoming <= self.limit:
-                    break
-                if path == keep:
-                    continue
-                lock = self._lock(path)
-                try:
-                    lock.acquire(timeout=0)  # in use by another process (downloading, opening): not evicted
-                except self._filelock.Timeout:
-                    continue
-                try:
-                    path.unlink(missing_ok=True)
-                    total -= size
-                finally:
-                    lock.release()
+        # Downloads in flight first, the published shards second: a download that is renamed into place
+        # between the two scans is then counted twice (an eviction too many), never missed.
+        in_flight = self._in_flight(keep)
+        files = []
+        for path in self.cached_files():
+            with contextlib.suppress(FileNotFoundError):
+                st = path.stat()
+                files.append((st.st_mtime_ns, st.st_size, path))
+        total = sum(size for _, size, _ in files) + in_flight
+        for _, size, path in sorted(files, key=lambda f: (f[0], str(f[2]))):
+            if total + incoming <= self.limit:
+                break
+            if path == keep:
+                continue
+            lock = self._lock(path)
+            try:
+                lock.acquire(timeout=0)  # in use by another process (downloading, opening): not evicted
+            except self._filelock.Timeout:
+                continue
+            try:
+                path.unlink(missing_ok=True)
+                total -= size
+            finally:
+                lock.release()
+        return total + incoming <= self.limit

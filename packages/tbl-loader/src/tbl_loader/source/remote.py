@@ -139,7 +139,7 @@ class RemoteDataset:
         if k in self._mapped:  # mapped here already: its bytes are at hand, nothing to fetch or lock
             return
         if self._entries[k]["rows"]:
-            self.cache.fetch(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data)
+            self.cache.fetch_ahead(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data)
 
     def _map(self, k: int) -> Any:
         """Shard ``k`` open (downloaded first if it is not cached); most recently used."""
@@ -365,8 +365,9 @@ class RemoteDataset:
         if self.cache.limit is not None and total > self.cache.limit:
             raise CacheFullError(f"{redact(self.url)}: the whole dataset ({total} bytes) does not fit cache_limit "
                                  f"({self.cache.limit} bytes); raise the limit, or stream it with ImageLoader")
-        for k in range(len(self._entries)):
-            self._prefetch(k)
+        for entry in self._entries:
+            if entry["rows"]:
+                self.cache.fetch(self.store, self.local_dir, entry, verify_data=self.verify_data)
         return self.local_dir / self._entries[0]["file"] if self._single else self.local_dir
 
     @property
@@ -483,7 +484,7 @@ class RemoteShards:
 
     def _download(self, k: int) -> None:
         store, cache, _ = self._clients()
-        cache.fetch(store, self.local_dir, self.entries[k], verify_data=self.verify_data)
+        cache.fetch_ahead(store, self.local_dir, self.entries[k], verify_data=self.verify_data)
 
     def __call__(self, k: int) -> Path:
         store, cache, fetcher = self._clients()
