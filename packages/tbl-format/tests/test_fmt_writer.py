@@ -155,7 +155,9 @@ def test_rewrite_sharded_removes_old_shards(tmp_path):
 
 def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="compression"):
-        tf.Writer(tmp_path / "a.tbl", compression="zstd")
+        tf.Writer(tmp_path / "a.tbl", compression="brotli")
+    with pytest.raises(ValueError, match="compression_level"):
+        tf.Writer(tmp_path / "a.tbl", compression="lz4", compression_level=3)
     with pytest.raises(ValueError, match="shard_rows"):
         tf.Writer(tmp_path / "d", shard_rows=0)
     with pytest.raises(IsADirectoryError):

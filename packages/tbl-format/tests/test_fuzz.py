@@ -69,13 +69,17 @@ def _has(mod: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def seeds() -> tuple[bytes, ...]:
-    """Valid files to damage: the golden ones plus, where numpy and lz4 exist, a native file with every leaf kind."""
+    """Valid files to damage: the golden ones plus, where numpy and lz4 (zstandard) exist, a native file with every
+    leaf kind compressed with LZ4 (zstd)."""
     names = ["native_valid.tbl", "native_valid_small.tbl", "native_valid_v11.tbl", "v2_valid_raw.tbl",
              "v2_valid_mixed.tbl", "v2_valid_gapped.tbl", "v2_valid_empty.tbl"]
     if _has("lz4"):
         names.append("v2_valid_lz4.tbl")
+    if _has("zstandard"):
+        names.append("native_valid_zstd.tbl")
     out = [(GOLDEN / n).read_bytes() for n in names]
-    if _has("numpy") and _has("lz4"):
+    codecs = [c for c, mod in (("lz4", "lz4"), ("zstd", "zstandard")) if _has(mod)]
+    if _has("numpy") and codecs:
         import tempfile
 
         import numpy as np
@@ -92,7 +96,8 @@ def seeds() -> tuple[bytes, ...]:
                  "ls": None if i == 1 else ["ab" * i] * i, "lf": [i / 2] * i, "oa": None if i == 0 else np.ones(2, np.int16),
                  "ov": None if i == 2 else np.arange(i, dtype=np.uint8), "none": None} for i in range(3)]
         with tempfile.TemporaryDirectory() as tmp:
-            out.append(tf.write(rows, Path(tmp) / "rich.tbl", schema=schema, compression="lz4").read_bytes())
+            for c in codecs:
+                out.append(tf.write(rows, Path(tmp) / f"rich-{c}.tbl", schema=schema, compression=c).read_bytes())
     return tuple(out)
 
 

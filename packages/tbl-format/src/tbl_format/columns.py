@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .codec import load_lz4_block
+from .codec import Compression, block_compressor
 from .crc import crc32
 from .errors import SchemaMismatchError
 from .kinds import EncodeError
-from .layout import BLOCK_SIZE, LZ4_BLOCK
+from .layout import BLOCK_SIZE, HEAP_BLOCK
 from .schema import Leaf
 
 __all__ = ["TABLES", "Bytes", "Column", "FixedColumn", "ListColumn", "Spill", "VarColumn", "copy_into", "make_column",
@@ -134,30 +134,31 @@ class Bytes:
 
 
 class _Heap:
-    """A heap region: raw, or LZ4 block-compressed with its index (SPEC.md, "Columns")."""
+    """A heap region: raw, or block-compressed (LZ4 or zstd) with its index (SPEC.md, "Columns")."""
 
-    def __init__(self, spill: Spill, compression: str | None) -> None:
+    def __init__(self, spill: Spill, compression: Compression | None) -> None:
         self.spill = spill
         self.logical = 0  # bytes of the uncompressed heap so far
-        self.lz4 = load_lz4_block() if compression == "lz4" else None
+        self.codec = compression[0] if compression is not None else None
+        self.compress = block_compressor(*compression) if compression is not None else None
         self.raw = bytearray()  # uncompressed bytes not yet compressed into a block
         self.index = array("Q", [0])
 
     def write(self, data: Any) -> None:
         self.logical += len(data)
-        if self.lz4 is None:
+        if self.compress is None:
             self.spill.write(data)
             return
         self.raw += data
-        if len(self.raw) >= LZ4_BLOCK:
+        if len(self.raw) >= HEAP_BLOCK:
             self._compress(final=False)
 
     def _compress(self, final: bool) -> None:
         raw = self.raw
-        n = len(raw) if final else len(raw) // LZ4_BLOCK * LZ4_BLOCK
-        for k in range(0, n, LZ4_BLOCK):
-            block = self.lz4.compress(bytes(raw[k : k + LZ4_BLOCK]), store_size=False)
-            self.spill.write(block)
+        n = len(raw) if final else len(raw) // HEAP_BLOCK * HEAP_BLOCK
+        compress = self.compress
+        for k in range(0, n, HEAP_BLOCK):
+            self.spill.write(compress(bytes(raw[k : k + HEAP_BLOCK])))
             self.index.append(self.spill.size)
         del raw[:n]
 
@@ -166,17 +167,17 @@ class _Heap:
         return self.spill.size + len(self.raw)
 
     def finish(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-        if self.lz4 is None:
+        if self.compress is None:
             return {"compression": None}, [("heap", self.spill)]
         self._compress(final=True)
-        extra = {"compression": {"codec": "lz4", "block": LZ4_BLOCK, "raw_size": self.logical}}
+        extra = {"compression": {"codec": self.codec, "block": HEAP_BLOCK, "raw_size": self.logical}}
         return extra, [("heap", self.spill), ("index", Bytes(self.index.tobytes()))]
 
 
 class Column:
     """The spills of one leaf. ``encode(value, idx)`` -> encoded (None: the row holds None); ``append(encoded)``."""
 
-    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: str | None) -> None:
+    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: Compression | None) -> None:
         self.path = path
         self.leaf = leaf
         self.new_spill = new_spill
@@ -277,7 +278,7 @@ def promotable(old: Leaf, new: Leaf) -> bool:
 class FixedColumn(Column):
     """int, float, bool, array, image and none leaves: row i at i * row_bytes of the data region."""
 
-    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: str | None) -> None:
+    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: Compression | None) -> None:
         super().__init__(path, leaf, new_spill, compression)
         self.data = new_spill(False)
         self.zeros = bytes(leaf.row_bytes)
@@ -305,7 +306,7 @@ class FixedColumn(Column):
 class VarColumn(Column):
     """str, bytes, encoded_image and var_array leaves: row i is heap bytes offsets[i]..offsets[i+1]-1."""
 
-    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: str | None,
+    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: Compression | None,
                  heap: _Heap | None = None) -> None:
         super().__init__(path, leaf, new_spill, compression)
         self.offsets = new_spill(True)
@@ -359,7 +360,7 @@ class VarColumn(Column):
 
     def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
         heap = self.heap
-        if self.present is not None or self.shapes is not None or heap.lz4 is not None:
+        if self.present is not None or self.shapes is not None or heap.compress is not None:
             return super().append_code(ns, k, var)
         # _append then _Heap.write, for a raw heap: the row's offset, then its bytes.
         ns[f"H{k}"], ns["PU64"] = heap, _U64.pack
@@ -394,7 +395,7 @@ class VarColumn(Column):
 class ListColumn(Column):
     """var_list leaves: row i holds items offsets[i]..offsets[i+1]-1 (packed scalars, or str items ending at items[k+1])."""
 
-    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: str | None) -> None:
+    def __init__(self, path: str, leaf: Leaf, new_spill: SpillFactory, compression: Compression | None) -> None:
         super().__init__(path, leaf, new_spill, compression)
         self.offsets = new_spill(True)
         self.heap = _Heap(new_spill(False), compression)
@@ -419,7 +420,7 @@ class ListColumn(Column):
 
     def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
         heap = self.heap
-        if self.present is not None or self.items is not None or heap.lz4 is not None:
+        if self.present is not None or self.items is not None or heap.compress is not None:
             return super().append_code(ns, k, var)
         # _append then _Heap.write, for packed scalar items in a raw heap: the row's first item, then its items.
         ns[f"L{k}"], ns[f"H{k}"], ns["PU64"] = self, heap, _U64.pack
@@ -451,7 +452,7 @@ class ListColumn(Column):
         return extra, regions
 
 
-def make_column(path: str, leaf: Leaf, new_spill: SpillFactory, compression: str | None) -> Column:
+def make_column(path: str, leaf: Leaf, new_spill: SpillFactory, compression: Compression | None) -> Column:
     """The empty column of a leaf."""
     if leaf.kind == "var_list":
         return ListColumn(path, leaf, new_spill, compression)

@@ -79,11 +79,12 @@ class DataChecksumError(FormatError):
 
 
 class CorruptDataError(FormatError):
-    """Stored data cannot be decoded (invalid UTF-8, bad LZ4 block, shape larger than its bytes)."""
+    """Stored data cannot be decoded (invalid UTF-8, bad LZ4 block or zstd frame, shape larger than its bytes)."""
 
 
 class CompressionUnavailableError(FormatError, ImportError):
-    """The file uses a codec whose Python package is not installed (``pip install lz4``)."""
+    """The file uses a codec whose Python package is not installed (``pip install lz4``,
+    ``pip install 'tbl-format[zstd]'``)."""
 
 
 class ColumnarLayoutError(FormatError, TypeError):

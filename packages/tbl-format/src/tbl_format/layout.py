@@ -16,7 +16,9 @@ PREAMBLE_CRC_SPAN = 24
 HEADER_CAP = 16 * 1024 * 1024
 ALIGN = 4096
 BLOCK_SIZE = 1 << 20
-LZ4_BLOCK = 64 * 1024
+#: Logical bytes per compressed heap block, for every codec: a random read decodes at most this much per
+#: range it touches (SPEC.md, "Columns").
+HEAP_BLOCK = 64 * 1024
 MAX_U64 = (1 << 64) - 1
 #: The manifest of a dataset directory (SPEC.md, "Datasets of several files").
 MANIFEST_NAME = "manifest.json"

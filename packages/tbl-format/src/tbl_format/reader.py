@@ -30,7 +30,7 @@ from operator import index as _index
 from pathlib import Path
 from typing import Any
 
-from .codec import load_lz4_block
+from .codec import CODECS, block_decoder
 from .crc import crc32
 from .errors import (
     BadMagicError,
@@ -109,7 +109,7 @@ class Column:
     heap: Region | None = None
     shapes: Region | None = None  # var_array
     items: Region | None = None  # var_list of str
-    index: Region | None = None  # LZ4-compressed heap
+    index: Region | None = None  # compressed heap
     present: Region | None = None  # optional leaves
     #: (codec, block, raw_size) of a compressed heap, else None
     compression: tuple[str, int, int] | None = None
@@ -125,17 +125,16 @@ class Column:
         return [r for r in regs if r is not None]
 
 
-class _Lz4Heap:
-    """Reads logical byte ranges of an LZ4 block-compressed heap; caches the last block."""
+class _BlockHeap:
+    """Reads logical byte ranges of a block-compressed heap (LZ4 or zstd); caches the last block."""
 
-    def __init__(self, f: TblFile, path: str, heap: Region, index: Region, block: int, raw_size: int) -> None:
-        self.lz4 = load_lz4_block()
-        self.mm = f._mm
+    def __init__(self, f: TblFile, path: str, heap: Region, index: Region, compression: tuple[str, int, int]) -> None:
+        codec, self.block, self.raw_size = compression
         self.where = f"{f.path}: leaf {path!r}"
+        self.decode = block_decoder(codec, self.block, self.where)
+        self.mm = f._mm
         self.heap = heap
         self.index_off = index.offset
-        self.block = block
-        self.raw_size = raw_size
         # One tuple, replaced atomically: reader threads never see a block number paired with another block's bytes.
         self.cache: tuple[int, bytes] = (-1, b"")
 
@@ -147,12 +146,7 @@ class _Lz4Heap:
         if not a <= b <= self.heap.size:
             raise OffsetsError(f"{self.where}: compression index entries {a}, {b} of block {k} are out of order")
         raw_len = min(self.block, self.raw_size - k * self.block)
-        try:
-            data = self.lz4.decompress(self.mm[self.heap.offset + a : self.heap.offset + b], uncompressed_size=raw_len)
-        except Exception as exc:  # lz4.block.LZ4BlockError and friends
-            raise CorruptDataError(f"{self.where}: LZ4 block {k} does not decompress: {exc}") from None
-        if len(data) != raw_len:
-            raise CorruptDataError(f"{self.where}: LZ4 block {k} has {len(data)} bytes, expected {raw_len}")
+        data = self.decode(self.mm[self.heap.offset + a : self.heap.offset + b], k, raw_len)
         self.cache = (k, data)
         return data
 
@@ -198,7 +192,7 @@ def _slice_bytes(mm: Any, h: int, offs: list[int]) -> list[bytes]:
 
 
 def _mapped_reader(mm: Any, h: int) -> Any:
-    """(s, e) -> bytes s..e-1 of an uncompressed heap at h (the interface of _Lz4Heap.read)."""
+    """(s, e) -> bytes s..e-1 of an uncompressed heap at h (the interface of _BlockHeap.read)."""
     return lambda s, e: mm[h + s : h + e]
 
 
@@ -388,7 +382,7 @@ class TblFile(Shard):
         index = compression = None
         if comp is not None:
             codec = _get(comp, "codec", str, where)
-            if codec != "lz4":
+            if codec not in CODECS:
                 raise UnknownCodecError(f"{where}: unknown compression codec {codec!r}")
             block = _nonneg(comp, "block", where)
             raw_size = _nonneg(comp, "raw_size", where)
@@ -463,7 +457,7 @@ class TblFile(Shard):
         return self._mv[r.offset : r.offset + r.size]
 
     def buffers(self, leaf_path: str) -> LeafBuffers:
-        """The stored regions of one leaf as views of the map (an LZ4 heap decoded once, then cached)."""
+        """The stored regions of one leaf as views of the map (a compressed heap decoded once, then cached)."""
         if self._mm is None:
             raise ValueError(f"{self.path}: read from a closed file")
         col = self._cols.get(leaf_path)
@@ -478,8 +472,8 @@ class TblFile(Shard):
         if col.compression is not None:
             cache = self.__dict__.setdefault("_heaps", {})
             if leaf_path not in cache:
-                _, block, raw_size = col.compression
-                cache[leaf_path] = _Lz4Heap(self, col.path, col.heap, col.index, block, raw_size).read(0, raw_size)
+                raw_size = col.compression[2]
+                cache[leaf_path] = _BlockHeap(self, col.path, col.heap, col.index, col.compression).read(0, raw_size)
             heap = memoryview(cache[leaf_path])
         return LeafBuffers(col.leaf, self.rows, data=view(col.data), offsets=view(col.offsets), heap=heap,
                            shapes=view(col.shapes), items=view(col.items), present=view(col.present),
@@ -660,8 +654,7 @@ def read_range(a, b):
         range_lines = [f"O{k} = mv[o{k} + a * 8:o{k} + b * 8 + 8].cast('Q').tolist()", f"_check_run(O{k}, H{k}, WHERE)"]
         heap_read = None
         if col.compression is not None:
-            _, block, raw_size = col.compression
-            heap_read = _Lz4Heap(self, col.path, col.heap, col.index, block, raw_size).read
+            heap_read = _BlockHeap(self, col.path, col.heap, col.index, col.compression).read
             ns[f"Z{k}"] = heap_read
         if leaf.kind == "var_array":
             ns[f"VA{k}"] = self._var_array_reader(col, heap_read)

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .codec import load_lz4_block
+from .codec import Compression, check_compression
 from .columns import TABLES, Bytes, Column, Spill, copy_into, make_column, mismatch, promotable
 from .crc import crc32
 from .destination import check_destination
@@ -72,7 +72,7 @@ _SPACE_CHECK_ROWS = 1024
 class FileWriter:
     """Writes one .tbl file into a temp file next to ``final``; ``finish()`` returns the temp path."""
 
-    def __init__(self, final: Path, schema: Schema, metadata: dict[str, Any], compression: str | None,
+    def __init__(self, final: Path, schema: Schema, metadata: dict[str, Any], compression: Compression | None,
                  file_id: str | None = None) -> None:
         self.final = final
         self.schema = schema
@@ -301,7 +301,7 @@ def append_fast(sample, idx):
             pass
 
 
-def rewrite(src: Path, final: Path, schema: Schema, metadata: dict[str, Any], compression: str | None,
+def rewrite(src: Path, final: Path, schema: Schema, metadata: dict[str, Any], compression: Compression | None,
             file_id: str | None) -> FileWriter:
     """A FileWriter for ``final`` holding every row of the finished file ``src``, encoded under ``schema``.
 
@@ -460,6 +460,9 @@ class Writer:
     (``DestinationError``). Replacing a dataset directory removes only the old
     shards the directory itself holds as TBL files; the old manifest's other
     entries stay and are listed in ``kept`` after ``close()``.
+    ``compression`` (``"lz4"`` or ``"zstd"``) compresses the heaps of
+    variable-size leaves in 64 KiB blocks (SPEC.md, "Columns");
+    ``compression_level`` is zstd's level (default 3; negative is faster).
     ``file_id`` is stored in each file's header (SPEC.md) so that files of
     equal rows have distinct header checksums; the shards of a sharded write
     always get one (their index, after ``file_id + "/"`` when given).
@@ -477,6 +480,7 @@ class Writer:
         variable: Iterable[str] = (),
         metadata: dict[str, Any] | None = None,
         compression: str | None = None,
+        compression_level: int | None = None,
         shard_rows: int | None = None,
         shard_bytes: int | None = None,
         overwrite: bool = False,
@@ -487,10 +491,7 @@ class Writer:
         self.variable = list(variable)
         if self.variable and schema is not None:
             raise ValueError("pass either schema or variable: variable only adjusts an inferred schema")
-        if compression not in (None, "lz4"):
-            raise ValueError(f"compression must be None or 'lz4', got {compression!r}")
-        if compression == "lz4":
-            load_lz4_block()
+        check_compression(compression, compression_level)
         for name, v in (("shard_rows", shard_rows), ("shard_bytes", shard_bytes)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -507,6 +508,9 @@ class Writer:
         #: After close(): files the replaced dataset's manifest listed that were left in place (not provably its own).
         self.kept: list[Path] = []
         self.compression = compression
+        self.compression_level = compression_level
+        # What each FileWriter compresses heaps with: the codec and its level (None: the codec's default).
+        self._codec: Compression | None = None if compression is None else (compression, compression_level)
         self.sharded = shard_rows is not None or shard_bytes is not None
         self.shard_rows = shard_rows
         self.shard_bytes = shard_bytes
@@ -537,8 +541,8 @@ class Writer:
             n = len(self._shards)
             final = self.dst / f"shard-{self._token}-{n:05d}.tbl"
             file_id = f"{self.file_id}/{n}" if self.file_id is not None else str(n)
-            return FileWriter(final, self.schema, self.metadata, self.compression, file_id)
-        return FileWriter(self.dst, self.schema, self.metadata, self.compression, self.file_id)
+            return FileWriter(final, self.schema, self.metadata, self._codec, file_id)
+        return FileWriter(self.dst, self.schema, self.metadata, self._codec, self.file_id)
 
     def write(self, sample: Any) -> None:
         if self._done:
@@ -589,7 +593,7 @@ class Writer:
         self.schema = schema
         for n, (tmp, entry) in enumerate(zip(self._pending, self._shards, strict=True)):
             file_id = f"{self.file_id}/{n}" if self.file_id is not None else str(n)
-            fw = rewrite(tmp, self.dst / entry["file"], schema, self.metadata, self.compression, file_id)
+            fw = rewrite(tmp, self.dst / entry["file"], schema, self.metadata, self._codec, file_id)
             try:
                 new_tmp, crc, size = fw.finish()
             except BaseException:
@@ -684,6 +688,7 @@ def write(
     variable: Iterable[str] = (),
     metadata: dict[str, Any] | None = None,
     compression: str | None = None,
+    compression_level: int | None = None,
     shard_rows: int | None = None,
     shard_bytes: int | None = None,
     overwrite: bool = False,
@@ -694,14 +699,16 @@ def write(
     ``schema``: a ``Schema`` (or its tree of ``Leaf``), kept as given; when
     omitted it is inferred and widened as samples differ (see ``Writer``), with
     the leaves named in ``variable`` variable-size from the start.
-    ``compression="lz4"`` compresses variable-size leaves. numpy arrays and
+    ``compression="lz4"`` or ``"zstd"`` compresses variable-size leaves
+    (``compression_level``: zstd's level, default 3). numpy arrays and
     torch tensors are stored as arrays (tensors through ``.numpy()``; torch is
     never imported). Published atomically; returns ``dst``. An existing file
     or dataset at ``dst`` is replaced only with ``overwrite=True``; see
     ``Writer`` for what replacing removes and for ``file_id``.
     """
-    with Writer(dst, schema, variable=variable, metadata=metadata, compression=compression, shard_rows=shard_rows,
-                shard_bytes=shard_bytes, overwrite=overwrite, file_id=file_id) as w:
+    with Writer(dst, schema, variable=variable, metadata=metadata, compression=compression,
+                compression_level=compression_level, shard_rows=shard_rows, shard_bytes=shard_bytes,
+                overwrite=overwrite, file_id=file_id) as w:
         for s in samples:
             w.write(s)
     return w.dst

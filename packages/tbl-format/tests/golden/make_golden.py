@@ -200,7 +200,15 @@ def native_files(tmp: Path) -> dict[str, bytes]:
         w.close()
         return (tmp / name).read_bytes()
 
+    # A zstd-compressed heap (SPEC.md, "Columns"): one str leaf, one frame (one leaf keeps the file at 20 KiB).
+    zstd_rows = [{"s": ["", "zstd", "bé" * 40, "ok\u2603"][i]} for i in range(4)]
+    zstd_file = tf.write(zstd_rows, tmp / "zstd.tbl", compression="zstd").read_bytes()
+    zstd_heap = native_header(zstd_file)["columns"][0]["regions"]["heap"]
+
     return {
+        "native_valid_zstd.tbl": zstd_file,
+        # A byte of the frame's compressed data flipped: the frame's checksum fails as the row is read.
+        "native_zstd_corrupt.tbl": flip(zstd_file, zstd_heap["offset"] + zstd_heap["size"] - 8, 0x04),
         "native_tokens_index_order.tbl": token_file("tokens_bad.tbl", [[0], [3, 2], [0]]),
         "native_valid.tbl": rich_raw,
         "native_valid_small.tbl": raw,
@@ -275,6 +283,9 @@ EXPECTED: dict[str, dict] = {
     "native_header_over_cap.tbl": {"outcome": "error", "stage": "open", "error": "HeaderTooLargeError"},
     "native_data_checksum.tbl": {"outcome": "error", "stage": "verify", "error": "DataChecksumError"},
     "native_valid_v11.tbl": {"outcome": "ok", "rows": 4},
+    "native_valid_zstd.tbl": {"outcome": "ok", "rows": 4, "requires": ["zstandard"]},
+    "native_zstd_corrupt.tbl": {"outcome": "error", "stage": "read", "error": "CorruptDataError",
+                                "requires": ["zstandard"]},
     "native_tokens_index_order.tbl": {"outcome": "error", "stage": "verify", "error": "DocumentIndexError"},
     "native_v11_items_crc.tbl": {"outcome": "error", "stage": "open", "error": "TableChecksumError"},
     # A later minor's unknown leaf kind is refused as a version this reader cannot read, never guessed at;
