@@ -67,12 +67,13 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *FRAMEWORK_TEST_DEPS, *RECORD_TEST_DEPS)
     # tbl-loader's extras: [jpeg] serves JPEG storage, [ray] and [remote] run the Ray and
     # object-store tests (a local cluster, a local S3 server) instead of skipping them, [parquet] and
-    # [hf] the conversions from Parquet and datasets sources; tbl-format's [sql] and tbl-loader's
-    # [arrow] run the Arrow export and its DuckDB / Polars tests.
-    # tbl-bench's [packing] brings Grain, the packing benchmark's baseline (its test runs instead of skipping).
-    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos,packing]",
-                      str(PKG / "tbl-format") + "[lz4,sql]",
-                      str(PKG / "tbl-loader") + "[jpeg,ray,remote,arrow,parquet,hf]")
+    # [hf] the conversions from Parquet and datasets sources, [tokenize] `tbl tokenize` (tokenizers,
+    # zstandard); tbl-format's [sql] and tbl-loader's [arrow] run the Arrow export and its DuckDB / Polars tests.
+    # tbl-bench's [packing] brings Grain, the packing benchmark's baseline (its test runs instead of skipping),
+    # [tokenize] the tokenize benchmark's.
+    _install_packages(session, ALL_PACKAGES, str(PKG / "tbl-bench") + "[photos,packing,tokenize]",
+                      str(PKG / "tbl-format") + "[lz4,zstd,sql]",
+                      str(PKG / "tbl-loader") + "[jpeg,ray,remote,arrow,parquet,hf,tokenize]")
     # One pytest run per package: test modules of different packages may share a
     # basename, which one pytest run over all of them would refuse to import.
     for name in ALL_PACKAGES:
@@ -158,7 +159,7 @@ def kernels_matrix(session: nox.Session, kernels: str) -> None:
     # scikit-image and the loader's extras: without them the conversion tests skip.
     session.install(TORCH, *TEST_DEPS, *REMOTE_TEST_DEPS, *RECORD_TEST_DEPS, "scikit-image")
     session.install(str(source))
-    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,progress,jpeg,remote,parquet,hf]")
+    _install_packages(session, ["tbl-format"], str(PKG / "tbl-loader") + "[lz4,zstd,progress,jpeg,remote,parquet,hf,tokenize]")
     session.run(
         "python", "-c",
         "import sys, tbl_kernels, tbl_loader; v = tbl_kernels.__version__; print('tbl-kernels', v); "

@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 from convert_images import error_lines, jpeg_set, run_cli, write_tree
+from record_sources import CLASSES, hf_dataset, samples, write_manifest, write_parquet, write_webdataset
 
 from tbl_loader import PyTreeDataset, convert
 from tbl_loader.conversion import convert_table
@@ -21,17 +22,11 @@ from tbl_loader.errors import DestinationError, ImageDecodeError, SourceError
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-CLASSES = ("cat", "dog", "fox")
 PER_CLASS = 17  # 51 photos
 
 
 def _samples():
-    """(name, class index, caption, JPEG bytes) in the folder source's order (sorted names)."""
-    out = []
-    for c, cls in enumerate(CLASSES):
-        for k, data in enumerate(jpeg_set(PER_CLASS, seed=c, lo=40, hi=110)):
-            out.append((f"{cls}/{k:02d}.jpg", c, f"a {cls}, photo {k}: {'x' * (k % 5)}", data))
-    return sorted(out)
+    return samples(PER_CLASS)
 
 
 @pytest.fixture(scope="module")
@@ -63,25 +58,6 @@ def _assert_same_rows(path, caption_field, reference):
         assert (gl, gc) == (wl, wc), i
 
 
-def write_webdataset(folder, samples, maxcount=20):
-    wds = pytest.importorskip("webdataset")
-    folder.mkdir(parents=True, exist_ok=True)
-    with wds.ShardWriter(str(folder / "shard-%06d.tar"), maxcount=maxcount, verbose=0) as sink:
-        for i, (_, label, caption, data) in enumerate(samples):
-            sink.write({"__key__": f"s{i:05d}", "jpg": data, "cls": label, "txt": caption})
-    return sorted(folder.glob("shard-*.tar"))
-
-
-def write_parquet(path, samples, row_group_size=16):
-    table = pa.table({
-        "image": [{"bytes": data, "path": name} for name, _, _, data in samples],
-        "label": pa.array([label for _, label, _, _ in samples], pa.int64()),
-        "caption": [caption for _, _, caption, _ in samples],
-    })
-    pq.write_table(table, path, row_group_size=row_group_size)
-    return path
-
-
 def test_webdataset_shards_convert_equal_to_the_folder(sources):
     root, samples, _, reference = sources
     shards = write_webdataset(root / "wds", samples)
@@ -105,13 +81,9 @@ def test_parquet_with_hf_image_structs_converts_equal_to_the_folder(sources):
 
 
 def test_datasets_folder_converts_equal_to_the_folder_and_keeps_class_names(sources):
-    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("datasets")
     root, samples, _, reference = sources
-    ds = datasets.Dataset.from_dict({
-        "image": [{"bytes": data, "path": None} for _, _, _, data in samples],
-        "label": [label for _, label, _, _ in samples],
-        "caption": [caption for _, _, caption, _ in samples],
-    }).cast_column("image", datasets.Image()).cast_column("label", datasets.ClassLabel(names=list(CLASSES)))
+    ds = hf_dataset(samples)
     ds.save_to_disk(str(root / "hf"))
     dst = root / "from_hf.tbl"
     r = run_cli(str(root / "hf"), str(dst), "--size", "32", "--workers", "1", "--quiet")
@@ -128,9 +100,7 @@ def test_datasets_folder_converts_equal_to_the_folder_and_keeps_class_names(sour
 
 def test_jsonl_manifest_converts_equal_to_the_folder(sources):
     root, samples, folder, reference = sources
-    manifest = folder / "train.jsonl"
-    manifest.write_text("".join(json.dumps({"path": name, "label": CLASSES[label], "caption": caption}) + "\n"
-                                for name, label, caption, _ in samples))
+    manifest = write_manifest(folder, samples)
     dst = root / "from_manifest.tbl"
     r = run_cli(str(manifest), str(dst), "--size", "32", "--workers", "2", "--quiet")
     assert r.returncode == 0, r.stderr

@@ -8,6 +8,7 @@ left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -127,3 +128,37 @@ def test_killed_worker_is_a_worker_crash(tmp_path: Path, slow_source: Path) -> N
     assert proc.returncode == 3 and "worker process died" in err, err
     assert len(error_lines(err)) == 1
     assert_nothing_left(dst, pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ray_engine_keeps_the_local_engines_signal_contract(tmp_path: Path, slow_source: Path,
+                                                            sig: signal.Signals) -> None:
+    """`--engine ray` mid-run: Ctrl-C (the process group) exits 130 and SIGTERM (the driver only) 143, each with
+    its one line, nothing published, no staging folder, and the Ray instance it started shut down."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'tbl-loader[ray]'")
+    dst = tmp_path / "out.tbl"
+    argv = cli_argv(str(slow_source), str(dst), "--size", "64", "--no-draft", "--engine", "ray", "--quiet")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
+    deadline = time.monotonic() + 120
+    while not any(".tbl-tmp-ray-" in p.name for p in tmp_path.iterdir()):  # the write tasks have started
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    pids = descendants(proc.pid)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    err = finish(proc, timeout=120)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, err
+        assert error_lines(err) == [f"tbl convert: interrupted; nothing was published at {dst}"], err
+    else:
+        assert proc.returncode == 143, err
+        assert error_lines(err) == [f"tbl convert: terminated (SIGTERM); nothing was published at {dst}"], err
+    left = wait_gone(pids, timeout=30)  # Ray's own processes (GCS, raylet, workers) stop with its shutdown
+    kill_all(left)
+    assert not left, f"processes of the Ray instance still running: {sorted(left)}"
+    assert not dst.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert json.loads((tmp_path / "out.tbl.report.json").read_text())["status"] == "failed"  # as the local engine's

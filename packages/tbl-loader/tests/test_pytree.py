@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import pickle
 
 import numpy as np
@@ -287,6 +288,22 @@ def test_loader_leaf_selection_and_drop_last(sharded):
     assert len(batches) == len(loader) == 4
     assert list(batches[0]) == ["arr"] and batches[0]["arr"].shape == (25, 2, 3)
     assert np.array_equal(batches[1]["arr"][0], make_sample(25)["arr"])
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_compressed_datasets_batch_like_uncompressed(tmp_path, codec):
+    """get_batch (pytree and Arrow) and single rows of an LZ4 / zstd dataset equal the uncompressed dataset's."""
+    pytest.importorskip({"lz4": "lz4", "zstd": "zstandard"}[codec])
+    rows = [make_sample(i) for i in range(N)]
+    plain = PyTreeDataset(write(rows, tmp_path / "p", variable=["seq"], shard_rows=40))
+    packed = PyTreeDataset(write(rows, tmp_path / "c", variable=["seq"], shard_rows=40, compression=codec))
+    assert tbl_format.open(tmp_path / "c").shard(0).describe()["columns"]["name"]["compression"] == codec
+    for idx in ([5, 0, N - 1, 41, 41], range(30, 90), [7]):
+        assert_tree_equal(packed.get_batch(idx), plain.get_batch(idx), str(idx))
+    for i in (0, 39, 40, N - 1):
+        assert_tree_equal(packed[i], plain[i], str(i))
+    if importlib.util.find_spec("pyarrow") is not None:
+        assert packed.get_batch(range(10, 70), format="arrow").equals(plain.get_batch(range(10, 70), format="arrow"))
 
 
 def test_bare_leaf_samples_and_lz4(tmp_path):

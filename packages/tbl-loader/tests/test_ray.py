@@ -14,7 +14,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'tbl-loader[ray]'")
 
-from convert_images import jpeg, truncated_jpeg, write_tar, write_tree  # noqa: E402
+from convert_images import jpeg, jpeg_set, truncated_jpeg, write_tar, write_tree  # noqa: E402
+from record_sources import hf_dataset, samples, write_manifest, write_parquet, write_webdataset  # noqa: E402
 
 import tbl_format  # noqa: E402
 import tbl_loader  # noqa: E402
@@ -235,6 +236,96 @@ def test_tbl_convert_engine_ray_from_the_command_line(cluster, tmp_path):
     # Options that do not apply to Ray are refused before anything is written.
     assert tbl_main(["convert", str(src), str(tmp_path / "r2"), "--size", "16", "--engine", "ray", "--part", "0/2"]) == 2
     assert not (tmp_path / "r2").exists()
+
+
+def assert_same_rows(a_path, b_path):
+    """Every leaf of every row equal (arrays by np.array_equal), and the same schema and metadata."""
+    with tbl_format.open(a_path) as a, tbl_format.open(b_path) as b:
+        assert a.schema == b.schema and a.metadata == b.metadata and len(a) == len(b) > 0
+        for i in range(len(a)):
+            x, y = a[i], b[i]
+            assert x.keys() == y.keys(), i
+            for k in x:
+                if isinstance(x[k], np.ndarray):
+                    assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), (i, k)
+                else:
+                    assert x[k] == y[k], (i, k, x[k], y[k])
+
+
+@pytest.fixture(scope="module")
+def record_sources(tmp_path_factory):
+    """The same photos, captions and labels as WebDataset shards, Parquet, a `datasets` folder and a manifest."""
+    root = tmp_path_factory.mktemp("records")
+    rows = samples(per_class=8)
+    write_webdataset(root / "wds", rows, maxcount=9)
+    hf_dataset(rows).save_to_disk(str(root / "hf"))
+    return {
+        "webdataset": str(root / "wds" / "shard-{000000..000002}.tar"),
+        "parquet": str(write_parquet(root / "train.parquet", rows, row_group_size=7)),
+        "hf": str(root / "hf"),
+        "manifest": str(write_manifest(root / "files", rows)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "parquet", "hf", "manifest"])
+def test_convert_on_ray_from_a_record_source_equals_the_local_converter(cluster, tmp_path, record_sources, kind):
+    """Every record source through the Ray engine: the local converter's rows (image, label, every field), schema
+    and metadata (class names included); the scratch file of image bytes is gone after."""
+    src = record_sources[kind]
+    local = tbl_loader.convert(src, tmp_path / "local.tbl", 24, workers=1, progress=False, report=False)
+    rep = ray_convert(src, tmp_path / "ray", 24, shard_rows=7, images_per_task=5, report=False)
+    assert (rep.status, rep.written, rep.failed) == ("ok", local.written, 0) and local.written == 24
+    assert_same_rows(tmp_path / "local.tbl", tmp_path / "ray")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.fixture(scope="module")
+def boxes_tar(tmp_path_factory):
+    """A TAR of photos of several sizes, a sidecar of boxes (xyxy, source pixels) and captions, one bad image."""
+    root = tmp_path_factory.mktemp("boxes")
+    data = jpeg_set(12, seed=9, lo=40, hi=120)
+    files = {f"c{i % 2}/img{i:02d}.jpg": d for i, d in enumerate(data)}
+    files["c1/img05.jpg"] = truncated_jpeg()
+    rng = np.random.default_rng(4)
+    side = {name: {"boxes": rng.uniform(0, 40, (int(rng.integers(0, 3)), 4)).round(2).tolist(),
+                   "caption": f"photo {name}"} for name in files}
+    for entry in side.values():
+        for b in entry["boxes"]:
+            b[2], b[3] = b[0] + 30, b[1] + 25
+    (root / "side.json").write_text(__import__("json").dumps(side))
+    return write_tar(root / "photos.tar", files), root / "side.json"
+
+
+@pytest.mark.parametrize("recipe", [{"size": 24}, {"max_size": 48}])
+def test_convert_on_ray_keeps_paths_and_sidecar_fields_and_maps_boxes_as_locally(cluster, tmp_path, boxes_tar,
+                                                                                  recipe):
+    tar_path, side = boxes_tar
+    opts = {"keep_path": True, "sidecar": side, "geometry": {"boxes": "xyxy"}, "on_error": "skip", "report": False,
+            **recipe}
+    local = tbl_loader.convert(tar_path, tmp_path / "local.tbl", workers=1, progress=False, **opts)
+    rep = ray_convert(tar_path, tmp_path / "ray", shard_rows=4, images_per_task=3, **opts)
+    assert (rep.written, [e.name for e in rep.errors]) == (local.written, ["c1/img05.jpg"])
+    assert_same_rows(tmp_path / "local.tbl", tmp_path / "ray")
+    with tbl_format.open(tmp_path / "ray") as ds:
+        assert {"path", "orig_size", "boxes", "caption"} <= set(ds.schema.tree)
+        assert ds.schema.tree["boxes"].dtype == "float32"
+
+
+def test_convert_on_ray_a_non_utf8_name_with_keep_path_is_a_bad_image_as_locally(cluster, tmp_path):
+    data = jpeg_set(3, seed=5, lo=20, hi=40)
+    src = write_tree(tmp_path / "src", {"c0/a.jpg": data[0], "c1/c.jpg": data[2]})
+    with open(os.fsencode(src / "c0") + b"/b\xff.jpg", "wb") as f:
+        f.write(data[1])
+    name = os.fsdecode(b"c0/b\xff.jpg")
+    with pytest.raises(tbl_loader.errors.ImageDecodeError, match="its name is not UTF-8") as info:
+        ray_convert(src, tmp_path / "fail", 16, keep_path=True, report=False)
+    assert info.value.name == name and not (tmp_path / "fail").exists()
+    rep = ray_convert(src, tmp_path / "skip", 16, keep_path=True, on_error="skip", report=False)
+    assert [e.name for e in rep.errors] == [name]
+    with tbl_format.open(tmp_path / "skip") as ds:
+        assert [ds[i]["path"] for i in range(len(ds))] == ["c0/a.jpg", "c1/c.jpg"]
+    rep = ray_convert(src, tmp_path / "plain", 16, report=False)  # the name is never stored: it converts
+    assert rep.written == 3
 
 
 def test_order_error_is_exported():

@@ -299,6 +299,37 @@ def test_token_documents_stream_from_a_url(s3_server, local_tokens, tokens_url, 
         assert all(np.array_equal(a[f], b[f]) for f in fields)
 
 
+
+@pytest.mark.parametrize("pack", [None, "first_fit"])
+def test_token_loader_downloads_ahead_in_window_order_and_warns_of_a_thrashing_shuffle(s3_server, local_tokens,
+                                                                                      tokens_url, tmp_path, pack):
+    """A pass tells the fetcher its shards in the order its windows (or packed rows) reach them: before the
+    first batch is read, the first `lookahead` shards of that order are in the cache, and the stream equals
+    the local one (packed rows too: their pieces' shards are scheduled the same way); shuffle=True over a cache smaller than the dataset warns (CacheThrashWarning)."""
+    from tbl_loader import TokenLoader
+    from tbl_loader.errors import CacheThrashWarning
+
+    sizes = _shard_bytes(local_tokens)
+    opts = dict(batch_size=8, seq_len=100, seed=4, backend="numpy", shuffle=False, pack=pack)
+    with TokenLoader(local_tokens, **opts) as local:
+        want = [np.array(b.tokens) for b in local]
+    with TokenLoader(tokens_url, **opts, cache_dir=tmp_path / "a", storage_options=s3_server.storage_options,
+                     prefetch=0) as loader:
+        hook = loader.dataset._fetch_shard
+        before = hook.cache.downloads  # the last shard (the stream's length), and every index with pack=
+        it = iter(loader)
+        got = [np.array(next(it).tokens)]
+        hook._clients()[2].wait()
+        if pack is None:  # in order: shards 0.. ahead of the reads (the first batch itself reads only shard 0)
+            assert hook.cache.downloads - before >= hook.lookahead
+        else:  # packing reads every shard's document index at construction: all were downloaded then
+            assert hook.cache.downloads == before == len(sizes)
+        got += [np.array(b.tokens) for b in it]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    with pytest.warns(CacheThrashWarning, match="shuffle=True over a shard cache"):
+        TokenLoader(tokens_url, **{**opts, "shuffle": True}, cache_dir=tmp_path / "b",
+                    cache_limit=sum(sizes) // 4, storage_options=s3_server.storage_options).close()
+
 # ---- DataLoader workers over a URL: fork, spawn, forkserver ----------------------------------------
 
 

@@ -28,9 +28,9 @@ ALLOWED = {
     "source": {"stream"},
     "pytree": {"stream", "host", "source"},
     "image": {"stream", "host", "source", "pytree"},
-    "tokens": {"stream", "host", "source"},
+    "tokens": {"stream", "host", "source", "pytree"},  # CollatedBatch: the DataLoader batch protocol
     "mix": {"stream", "host", "source", "pytree", "image", "tokens"},
-    "conversion": {"stream", "host", "source", "image", "pytree"},
+    "conversion": {"stream", "host", "source", "image", "pytree", "tokens"},  # tokens: tbl tokenize writes them
     "ray": {"conversion", "source"},
     "__init__": {"stream", "host", "source", "pytree", "image", "tokens", "mix", "conversion"},
     "cli": {"conversion", "ray", "source"},

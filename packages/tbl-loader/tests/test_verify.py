@@ -131,3 +131,31 @@ def test_lazy_verify_needs_a_tbl_dataset(single_file_path):
     with pytest.raises(TypeError, match="tbl_format.Dataset"):
         ImageLoader(Wrapped(ds), 4, verify="lazy")
     ds.close()
+
+
+@pytest.mark.parametrize("pack", [None, "best_fit"])
+def test_token_loader_takes_the_same_verify_modes(tmp_path, pack):
+    """TokenLoader: "open" refuses the dataset, "lazy" serves every window before the bad block's and raises at
+    the first batch whose windows (or packed pieces) span it, "never" serves the flipped token."""
+    from tbl_loader import TokenLoader, write_tokens
+
+    tokens = np.random.default_rng(2).integers(1, 60_000, 400_000, dtype=np.int64)
+    docs = np.split(tokens, [90_000, 200_000, 310_000])  # 4 documents
+    # one shard of 1.6 MB of uint32 tokens: two 1 MiB checksum blocks, the flipped byte in the second
+    path = write_tokens(docs, tmp_path / "tok", dtype="uint32", chunk=4096, shard_tokens=1 << 20)
+    bad_token = 350_000
+    shard = sorted(path.glob("*.tbl"))[0]
+    _flip_a_byte_of(shard, tokens[bad_token : bad_token + 8].astype(np.uint32).tobytes())
+    opts = {"batch_size": 4, "seq_len": 1000, "shuffle": False, "backend": "numpy", "pack": pack}
+    with pytest.raises(tbl_format.DataChecksumError):
+        TokenLoader(path, verify="open", **opts)
+    seen = []
+    with TokenLoader(path, verify="lazy", **opts) as loader:
+        with pytest.raises(tbl_format.DataChecksumError):
+            for batch in loader:
+                seen.append(np.array(batch.tokens))
+    assert seen, "the windows before the bad block are served"
+    with TokenLoader(path, **opts) as plain:  # "never": the same windows, then the flipped one
+        want = [np.array(b.tokens) for b in plain]
+    assert all(np.array_equal(a, b) for a, b in zip(seen, want, strict=False))
+    assert len(want) > len(seen)

@@ -27,7 +27,8 @@ from .image import (
 from .mix import Mix
 from .pytree import Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity, collate_tensors
 from .source.upload import upload_dataset
-from .tokens import TokenLoader, write_tokens
+from .stream.schedule import Schedule
+from .tokens import TokenDataset, TokenLoader, write_tokens
 from .version import __version__
 
 __all__ = [
@@ -44,6 +45,8 @@ __all__ = [
     "PyTreeDataset",
     "PyTreeLoader",
     "RandomResizedCrop",
+    "Schedule",
+    "TokenDataset",
     "TokenLoader",
     "__version__",
     "collate_identity",

@@ -1,4 +1,15 @@
-"""`tbl convert`: the command-line face of `tbl_loader.convert`, registered on the `tbl.commands` entry point.
+"""`tbl convert` and `tbl tokenize`: the command-line faces of `tbl_loader.convert` and
+`tbl_loader.conversion.tokenize`, registered on the `tbl.commands` entry point.
+
+    tbl tokenize SRC DST --tokenizer tokenizer.json [--text-field text] [--eos ID] [--workers N]
+                 [--on-error fail|skip] [--part i/n] [--from jsonl|parquet|hf] [--force] [--report PATH] [--quiet]
+    tbl tokenize --merge PART [PART ...] DST
+
+``tbl tokenize`` exits with the same codes as ``tbl convert`` below (1: published with records skipped by
+``--on-error skip``; 2: refused before tokenizing, e.g. no tokenizers library, a tokenizer without an eos
+and no ``--eos``, an unusable source or destination; 3: a bad record with ``--on-error fail``, a worker
+crash, an I/O error; nothing published). A killed run, run again with the same arguments, keeps the parts
+it finished (`tbl_loader.conversion.tokenize`).
 
     tbl convert SRC DST (--size S [--mode center_crop|squash] | --max-size N [--store raw|jpeg] [--quality Q])
                 [--workers N]
@@ -44,11 +55,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from .conversion.decode import MODES, RESAMPLE
-from .conversion.formats import FORMATS, RECORD_FORMATS, detect_format
+from .conversion.formats import FORMATS
 from .conversion.variable import DEFAULT_QUALITY, STORES
 from .source.storage import is_url, redact
 
-__all__ = ["register_convert", "run_convert"]
+__all__ = ["register_convert", "register_tokenize", "run_convert", "run_tokenize"]
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_REFUSED, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143
 CONVERT_SCHEMA = "tbl.convert/1"  # --json: the report file's fields plus "schema" (docs/cli-json.md)
@@ -220,11 +231,6 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     if geometry:
         options["geometry"] = geometry
-    if args.engine == "ray" or args.address is not None:
-        for flag, value in (("--sidecar", args.sidecar), ("--keep-path", args.keep_path), ("--geometry", geometry)):
-            if value:  # the Ray conversion writes image and label only: refused rather than dropped
-                _error(f"{flag} is not supported with --engine ray; nothing was written")
-                return EXIT_REFUSED
     if args.max_size is not None:
         options.update(max_size=args.max_size, store=args.store or "raw")
         if args.quality is not None:
@@ -293,10 +299,6 @@ def _run_on_ray(args: argparse.Namespace, src: str, dst: str, options: dict[str,
     if args.engine != "ray":
         _error("--address needs --engine ray")
         return EXIT_REFUSED
-    if (args.source_format or detect_format(src)) in RECORD_FORMATS:
-        _error(f"--engine ray converts a TAR or folder source; run {args.source_format or detect_format(src)} "
-               "sources without --engine ray; nothing was written")
-        return EXIT_REFUSED
     for flag, value in (("--part", args.part), ("--force", args.force), ("--workers", args.workers)):
         if value:
             _error(f"{flag} does not apply with --engine ray (Ray spreads the work; an existing dataset is "
@@ -314,7 +316,8 @@ def _run_on_ray(args: argparse.Namespace, src: str, dst: str, options: dict[str,
             src, dst, args.size, mode=args.mode, on_error=args.on_error, shard_rows=args.shard_rows,
             shards=args.shards, report=args.report, progress=not args.quiet, label_file=args.label_file,
             resample=args.resample, draft=args.draft, address=args.address,
-            allow_empty_classes=args.allow_empty_classes, **options,
+            allow_empty_classes=args.allow_empty_classes, keep_path=args.keep_path, sidecar=args.sidecar,
+            source_format=args.source_format, image_key=args.image_key, label_key=args.label_key, **options,
         )
     except (SourceError, DestinationError, FileExistsError, ValueError) as e:
         if isinstance(e, ImageDecodeError):
@@ -326,3 +329,122 @@ def _run_on_ray(args: argparse.Namespace, src: str, dst: str, options: dict[str,
         _error(f"error: {type(e).__name__}: {_one_line(e)}; nothing was published at {dst}")
         return EXIT_FAILED
     return _outcome(args, rep)
+
+
+TOKENIZE_EPILOG = """\
+sources: a JSON Lines file (.jsonl / .json, plain, .gz or .zst) or a folder of them, a Parquet file or
+folder, a HuggingFace datasets save_to_disk folder; each record's --text-field is one document.
+parts: run 'tbl tokenize SRC PART_i --part i/n ...' for i = 0..n-1 anywhere (same options), then
+'tbl tokenize --merge PART_0 ... PART_n-1 DST' joins them in that order (== tokenizing in one go).
+"""
+
+
+def register_tokenize(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``tokenize`` subcommand (the ``tbl.commands`` entry point)."""
+    p = subparsers.add_parser(
+        "tokenize",
+        help="tokenize a text corpus (JSONL, Parquet, datasets folder) into a token dataset",
+        usage=("tbl tokenize SRC DST --tokenizer tokenizer.json [--text-field text] [options]\n"
+               "       tbl tokenize --merge PART [PART ...] DST"),
+        description="Encode every record's text with a HuggingFace tokenizers file and store the documents, "
+                    "an end-of-document id after each, as a token dataset that TokenLoader serves.",
+        epilog=TOKENIZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --merge: PART... DST")
+    p.add_argument("--tokenizer", default=None, metavar="FILE", help="a tokenizer.json of the tokenizers library")
+    p.add_argument("--text-field", default="text", metavar="NAME", help="the field / column of the text (default text)")
+    p.add_argument("--eos", type=int, default=None, metavar="ID",
+                   help="the id appended after every document (default: the tokenizer's own end-of-text token)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: all usable cores)")
+    p.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="bad record: fail (default) or skip")
+    p.add_argument("--part", default=None, metavar="i/n", help="tokenize only part i of n (contiguous, 0-based)")
+    p.add_argument("--from", dest="source_format", choices=("jsonl", "parquet", "hf"), default=None,
+                   help="the source's format (default: detected from SRC)")
+    p.add_argument("--dtype", choices=("uint16", "uint32"), default=None,
+                   help="stored token dtype (default: uint16 when the vocabulary fits, else uint32)")
+    p.add_argument("--part-size", type=_byte_count, default=None, metavar="BYTES",
+                   help="source text per resumable part of a whole run, e.g. 64M (default 64M)")
+    p.add_argument("--report", default=None, help="JSON report path (default: DST.report.json)")
+    p.add_argument("--quiet", action="store_true", help="print the summary only on failures or skipped records")
+    p.add_argument("--force", action="store_true", help="replace an existing dataset at DST")
+    p.add_argument("--merge", action="store_true", help="join part outputs PART... into DST instead of tokenizing")
+    p.set_defaults(func=run_tokenize)
+    return p
+
+
+def _tok_error(message: str) -> None:
+    print(f"tbl tokenize: {message}", file=sys.stderr)
+
+
+def run_tokenize(args: argparse.Namespace) -> int:
+    dst = args.paths[-1] if args.paths else "DST"
+    try:
+        with _sigterm_unwinds():
+            return _run_tokenize(args)
+    except KeyboardInterrupt:
+        _tok_error(f"interrupted; nothing was published at {dst}")
+        return EXIT_SIGINT
+    except _Terminated:
+        _tok_error(f"terminated (SIGTERM); nothing was published at {dst}")
+        return EXIT_SIGTERM
+
+
+def _run_tokenize(args: argparse.Namespace) -> int:
+    from .conversion.tokenize import DEFAULT_PART_BYTES, merge_parts, tokenize_corpus
+    from .errors import (
+        DestinationError,
+        SourceError,
+        TextRecordError,
+        TokenError,
+        TokenizerFileError,
+        WorkerCrashError,
+    )
+
+    if args.merge:
+        if len(args.paths) < 2:
+            _tok_error("--merge: give at least one PART and a DST")
+            return EXIT_REFUSED
+        try:
+            dst = merge_parts(args.paths[:-1], args.paths[-1], force=args.force)
+        except (ValueError, DestinationError) as e:
+            _tok_error(f"--merge: error: {_one_line(e)}; nothing was published")
+            return EXIT_REFUSED
+        except OSError as e:
+            _tok_error(f"--merge: error: {_one_line(e)}; nothing was published")
+            return EXIT_FAILED
+        if not args.quiet:
+            print(f"merged {len(args.paths) - 1} part(s) -> {dst}", file=sys.stderr)
+        return EXIT_OK
+    if len(args.paths) != 2:
+        _tok_error(f"expected SRC DST, got {len(args.paths)} path(s)")
+        return EXIT_REFUSED
+    if args.tokenizer is None:
+        _tok_error("--tokenizer FILE is required (a tokenizer.json of the tokenizers library)")
+        return EXIT_REFUSED
+    src, dst = args.paths
+    try:
+        rep = tokenize_corpus(
+            src, dst, tokenizer=args.tokenizer, text_field=args.text_field, eos=args.eos, workers=args.workers,
+            part=args.part, on_error=args.on_error, source_format=args.source_format, dtype=args.dtype,
+            part_bytes=args.part_size or DEFAULT_PART_BYTES, force=args.force, report=args.report)
+    except (TextRecordError, WorkerCrashError) as e:  # found while tokenizing
+        _tok_error(f"error: {type(e).__name__}: {_one_line(e)}; nothing was published at {dst}")
+        return EXIT_FAILED
+    except (SourceError, DestinationError, TokenizerFileError, TokenError, ValueError, ImportError) as e:
+        # refused up front: the source, the destination, the tokenizer, an option; ImportError: a missing
+        # library (TokenizerUnavailableError and the parquet / hf extras), named with its pip command
+        _tok_error(f"error: {type(e).__name__}: {_one_line(e)}; nothing was written")
+        return EXIT_REFUSED
+    except OSError as e:
+        _tok_error(f"I/O error: {_one_line(e)}; nothing was published at {dst}")
+        return EXIT_FAILED
+    except MemoryError:
+        _tok_error(f"out of memory (fewer --workers); nothing was published at {dst}")
+        return EXIT_FAILED
+    incomplete = bool(rep.skipped or rep.report_error)
+    if not args.quiet or incomplete:
+        print(rep.summary(), file=sys.stderr)
+    if rep.report_error is not None:
+        _tok_error(f"{rep.report_error} (the dataset was published)")
+    return EXIT_INCOMPLETE if incomplete else EXIT_OK

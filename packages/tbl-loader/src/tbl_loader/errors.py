@@ -32,6 +32,7 @@ __all__ = [
     "ImageTooLargeError",
     "JpegDecodeError",
     "JpegDecoderUnavailableError",
+    "JsonLineError",
     "KernelsFeatureError",
     "LoaderClosedError",
     "LoaderError",
@@ -48,12 +49,18 @@ __all__ = [
     "RemoteSupportMissingError",
     "RemoteUnavailableError",
     "RingGrowthWarning",
+    "ScheduleChangedError",
     "ShardNotMappedError",
     "SidecarError",
     "SourceError",
     "StateMismatchError",
     "SubsetError",
+    "TextFieldMissingError",
+    "TextFieldTypeError",
+    "TextRecordError",
     "TokenError",
+    "TokenizerFileError",
+    "TokenizerUnavailableError",
     "UnsupportedCombinationError",
     "UnsupportedImageModeError",
     "WorkerCrashError",
@@ -87,11 +94,21 @@ class RayUnavailableError(LoaderError, ImportError):
     """Ray Data is not installed; the message names the pip command."""
 
 
+class TokenizerUnavailableError(LoaderError, ImportError):
+    """`tbl tokenize` needs a library that is not installed (``tokenizers``, or ``zstandard`` for a ``.zst``
+    source); the message names the pip command."""
+
+
 # ---- the stream: order, state, subsets, mixing ---------------------------------------------------
 
 
 class StateMismatchError(LoaderError, ValueError):
     """A saved state does not belong to this loader (other dataset, settings, seed or format)."""
+
+
+class ScheduleChangedError(StateMismatchError):
+    """A Mix state saved under another mixture schedule (its hash differs): refused unless the new schedule is
+    accepted from the saved position on (``load_state_dict(state, accept_schedule_change=True)``)."""
 
 
 class SubsetError(LoaderError, ValueError):
@@ -242,3 +259,37 @@ class DecoderMismatchError(LoaderError, RuntimeError):
 class OrderError(LoaderError, RuntimeError):
     """The write results cannot be put in one order (the same write task twice, or rows out of order);
     nothing is published."""
+
+
+# ---- tokenizing text corpora (tbl_loader.conversion.tokenize) ----------------------------------------
+
+
+class TokenizerFileError(LoaderError, ValueError):
+    """The tokenizer file does not load, pads or truncates what it encodes, or names no end-of-document token
+    (and none was given); nothing is written."""
+
+
+class TextRecordError(SourceError):
+    """A record of a text corpus cannot be tokenized. ``where`` names it (``FILE:LINE`` of a JSONL file,
+    ``FILE:row N`` of a Parquet file, ``row N`` of a `datasets` folder); ``reason`` says why."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.where, self.reason))
+
+
+class JsonLineError(TextRecordError):
+    """A JSONL line that is not one JSON value (bad syntax, not UTF-8, empty)."""
+
+
+class TextFieldMissingError(TextRecordError):
+    """A record without the text field (a JSON value that is not an object, an object without the key, a
+    table without the column)."""
+
+
+class TextFieldTypeError(TextRecordError):
+    """A record whose text field is not a string (a number, a list, null; a column of another type)."""

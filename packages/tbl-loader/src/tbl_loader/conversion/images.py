@@ -617,7 +617,7 @@ def fixed_schema(size: int) -> tbl_format.Schema:
     return tbl_format.Schema({"image": tbl_format.Leaf("image", shape=(size, size, 3)), "label": tbl_format.Leaf("int")})
 
 
-def _with_extra(schema: tbl_format.Schema, extra: ExtraColumns | None) -> tbl_format.Schema:
+def schema_with_extra(schema: tbl_format.Schema, extra: ExtraColumns | None) -> tbl_format.Schema:
     """The recipe's schema plus the extra columns of --keep-path / --sidecar (ExtraColumns refused any name
     the recipe writes, so none replaces a recipe column)."""
     return schema if extra is None else tbl_format.Schema({**schema.tree, **extra.leaves})
@@ -951,7 +951,7 @@ def _convert_into(
     # then the bar, then the writer aborts, removing its temp files; on success it publishes.
     with (
         tbl_format.Writer(
-            dst, _with_extra(recipe.schema(), extra), metadata=dataset_metadata(listing, recipe), shard_rows=shard_rows,
+            dst, schema_with_extra(recipe.schema(), extra), metadata=dataset_metadata(listing, recipe), shard_rows=shard_rows,
             overwrite=force,
         ) as writer,
         _progress_bar(len(names), progress) as bar,

@@ -71,8 +71,8 @@ class TblDatasink(Datasink):
     shards do not span write tasks); None: one shard per write task.
     ``schema``: the schema of every row (a `tbl_format.Schema` or a tree of
     `tbl_format.Leaf`), or None to infer it. ``metadata``: the dataset's
-    metadata (JSON). ``compression``: None or ``"lz4"`` (variable-size
-    leaves). After the write, `result` holds ``{"path", "rows", "parts"}``.
+    metadata (JSON). ``compression``: None, ``"lz4"`` or ``"zstd"``
+    (variable-size leaves). After the write, `result` holds ``{"path", "rows", "parts"}``.
     """
 
     def __init__(
@@ -87,8 +87,8 @@ class TblDatasink(Datasink):
         if shard_rows is not None and (isinstance(shard_rows, bool) or not isinstance(shard_rows, int)
                                        or shard_rows < 1):
             raise ValueError(f"shard_rows must be a positive int or None, got {shard_rows!r}")
-        if compression not in (None, "lz4"):
-            raise ValueError(f"compression must be None or 'lz4', got {compression!r}")
+        if compression not in (None, "lz4", "zstd"):
+            raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
         self.staging = LocalStaging(path)
         self.path = self.staging.dst
         self.shard_rows = shard_rows

@@ -5,7 +5,8 @@ host pipeline) and for the device loaders of tbl-resident: the epoch order and
 every per-sample random draw are pure functions of ``(seed, epoch, sample_id)``
 (:mod:`~tbl_loader.stream.order`); the cursor owns epochs, position, the rank
 split and the resumable ``state_dict``; subsets resolve ``rows=`` /
-``subsample=``; keys hand users per-sample randomness.
+``subsample=``; keys hand users per-sample randomness; schedules say which source of a mixture
+serves each position (:mod:`~tbl_loader.stream.schedule`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .cursor import Resumable, StreamCursor, StreamOptions
 from .distributed import resolve_rank_world
 from .keys import keys_uniform, numpy_generator, sample_keys, torch_generator
 from .order import BatchPlan, EpochOrder
+from .schedule import Schedule, Timeline, mix_counts
 from .state import StreamState
 from .subset import resolve_rows
 
@@ -22,10 +24,13 @@ __all__ = [
     "BatchPlan",
     "EpochOrder",
     "Resumable",
+    "Schedule",
     "StreamCursor",
     "StreamOptions",
     "StreamState",
+    "Timeline",
     "keys_uniform",
+    "mix_counts",
     "numpy_generator",
     "order",
     "resolve_rank_world",

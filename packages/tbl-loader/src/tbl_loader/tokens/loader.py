@@ -45,6 +45,7 @@ import sys
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,9 @@ from ..errors import TokenError
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
 from ..host.stats import StageStats
-from ..source.storage import is_url
+from ..source.fetcher import warn_if_shuffle_thrashes
+from ..source.storage import is_url, redact
+from ..source.verify import verify_mode
 from ..stream import order
 from ..stream.cursor import StreamCursor, StreamOptions
 from ..stream.order import BatchPlan
@@ -64,7 +67,8 @@ from .batch import TokenBatch
 from .documents import BOUNDARY_FIELDS, STARTS, boundary_fields, document_starts, slot_documents
 from .packing import PackPlan, pack_documents
 
-__all__ = ["TAG_TOKEN_OFFSET", "TOKEN_DTYPES", "TokenLoader", "window_offset", "write_tokens"]
+__all__ = ["TAG_TOKEN_OFFSET", "TOKEN_DTYPES", "TokenLoader", "TokenStream", "open_token_dataset", "window_offset",
+           "write_tokens"]
 
 TAG_TOKEN_OFFSET = 68
 """Stream tag of the per-epoch window offset (tags below 64 are :mod:`tbl_loader.stream.order`'s)."""
@@ -190,6 +194,80 @@ def window_offset(seed: int, epoch: int, seq_len: int, shuffle: bool = True) -> 
     return int(order.hash_u64(seed, epoch, TAG_TOKEN_OFFSET, np.zeros(1, np.uint64))[0] % np.uint64(seq_len))
 
 
+def open_token_dataset(path: Any, *, cache_dir: Any = None, cache_limit: Any = None,
+                       storage_options: dict[str, Any] | None = None, counters: Any = None,
+                       manifest: bytes | None = None, verify: bool = False) -> Any:
+    """The token dataset at ``path``: every shard kept open once read (windows in random order touch all of
+    them every epoch), or, for a URL, streamed through the local shard cache (windows map the shards they read;
+    ``manifest``: the bytes another process of the job read, so a copy does not ask the store again).
+    ``verify``: every checksum of a shard checked when it is opened (``verify="open"``)."""
+    if is_url(path):
+        from ..source.remote import open_streaming
+
+        return open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                              counters=counters, manifest=manifest, verify_data=verify)
+    return tbl_format.open(path, max_open=sys.maxsize, verify=verify)
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """What a token dataset serves under one set of window settings, shared by :class:`TokenLoader` and the
+    map-style :class:`~tbl_loader.tokens.TokenDataset`: the stream's length, the document index (when the
+    boundary fields or packing need it), the packing plan and the number of windows (or packed rows)."""
+
+    chunk: int
+    count: int
+    seq_len: int
+    seed: int
+    shuffle: bool
+    out_dtype: np.dtype
+    boundaries: bool
+    starts: np.ndarray | None
+    plan: PackPlan | None
+    windows: int
+    settings: dict[str, Any]
+
+    @classmethod
+    def describe(cls, dataset: Any, path: Any, seq_len: int, *, boundaries: bool, pack: str | None,
+                 pack_buffer: int, seed: int, shuffle: bool, dtype: str | None) -> TokenStream:
+        """Read what the windows need from the open ``dataset``: its last row (the stream's length) and, with
+        ``boundaries`` or ``pack``, the document index of every shard (a URL's shards are fetched for it)."""
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise TokenError(f"seq_len must be an int >= 1, got {seq_len!r}")
+        info = dataset.metadata.get("tokens")
+        if _LEAF not in dataset.leaf_paths or not isinstance(info, dict):
+            raise TokenError(f"{path}: not a token dataset (write it with tbl_loader.write_tokens)")
+        chunk = int(info["chunk"])
+        nonempty = [k for k, rows in enumerate(dataset.segment_rows) if rows]
+        # The stream's length from the manifest and the last row: only the last shard is read now.
+        last = dataset.shard(nonempty[-1]).column(_LENGTH) if nonempty else np.zeros(1, np.int64)
+        if not 0 < int(last[-1]) <= chunk:
+            raise TokenError(f"{path}: rows must hold {chunk} tokens each, but for the last")
+        count = (sum(dataset.segment_rows) - 1) * chunk + int(last[-1])
+        starts = document_starts(dataset, nonempty, chunk) if boundaries or pack is not None else None
+        plan, settings = None, {"seq_len": seq_len}
+        if pack is not None:
+            plan = pack_documents(starts, count, seq_len, pack, pack_buffer, seed, shuffle)
+            windows = plan.rows  # the samples are the packed rows
+            settings.update(pack=pack, pack_buffer=pack_buffer)
+        else:
+            windows = (count - seq_len) // seq_len
+            if windows < 1:
+                raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
+        out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(dataset.schema.leaves[_LEAF].dtype)
+        if out_dtype.kind not in "iu":
+            raise TokenError(f"dtype must be an integer dtype, got {dtype!r}")
+        return cls(chunk, count, seq_len, seed, shuffle, out_dtype, bool(boundaries), starts, plan, windows,
+                   settings)
+
+    def source(self, dataset: Any, map_all: bool, verify_lazily: bool = False) -> _TokenSource:
+        """The batch source filling windows (or packed rows) of ``dataset`` into buffers (``verify_lazily``: the
+        data blocks a batch reads are checked first)."""
+        return _TokenSource(dataset, self.chunk, self.count, self.seq_len, self.seed, self.shuffle,
+                            self.out_dtype, map_all=map_all, starts=self.starts if self.boundaries else None,
+                            plan=self.plan, verify_lazily=verify_lazily)
+
+
 class _TokenSource:
     """Fills ring slots with windows; holds the dataset's shards as flat token columns, never the loader.
 
@@ -205,7 +283,7 @@ class _TokenSource:
 
     def __init__(self, dataset: Any, chunk: int, count: int, seq_len: int, seed: int, shuffle: bool,
                  out_dtype: np.dtype, map_all: bool, starts: np.ndarray | None = None,
-                 plan: PackPlan | None = None) -> None:
+                 plan: PackPlan | None = None, verify_lazily: bool = False) -> None:
         self.dataset = dataset
         self.chunk = chunk
         self.shards = [k for k, rows in enumerate(dataset.segment_rows) if rows]  # the shard of each flat
@@ -229,13 +307,40 @@ class _TokenSource:
         self.documents = starts  # the document index (stream offsets), or None: no boundary fields
         self.masked = _MASK in dataset.leaf_paths
         self.plan = plan  # packed rows instead of windows
+        # verify="lazy": the data blocks of the rows a batch's windows span are checked before they are read
+        self.verify_rows = dataset.verify_rows if verify_lazily else None
 
     def begin_pass(self, epoch_order: Any) -> None:
-        """Nothing to schedule (a window maps, and fetches, its shards as it reads them). A local stream maps
-        every shard's column now, once: a window is then a list index and a slice. A URL's stays lazy: only
-        the shards its windows touch are downloaded."""
+        """A local stream maps every shard's column now, once: a window is then a list index and a slice. A
+        URL's stays lazy (only the shards its windows touch are downloaded) and tells the fetcher the shards
+        the pass reads, in the order its windows first reach them, so they download ahead of the batches."""
         if self._map_all and not isinstance(self._columns, list):
             self._columns = [self.flat(i) for i in range(len(self.shards))]
+        if not self._map_all:
+            first, last = self.spans(epoch_order.epoch, epoch_order.dataset_rows)
+            flats = np.stack([np.searchsorted(self.starts, first, side="right") - 1,
+                              np.searchsorted(self.starts, last, side="right") - 1], axis=1).reshape(-1)
+            _, at = np.unique(flats, return_index=True)
+            self.dataset.read_ahead([self.shards[i] for i in flats[np.sort(at)].tolist()])
+
+    def spans(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The first and last stream slot each sample (a window, or a packed row's pieces) reads, in order."""
+        samples = np.asarray(samples, np.int64)
+        if self.plan is None:
+            first = self.offset(epoch) + samples * self.seq_len
+            return first, first + self.seq_len
+        pack = self.plan
+        lo, hi = pack.row_ptr[samples], pack.row_ptr[samples + 1]
+        counts = hi - lo
+        piece = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        return pack.start[piece], pack.start[piece] + np.maximum(pack.length[piece], 1) - 1
+
+    def check_rows(self, epoch: int, samples: np.ndarray) -> None:
+        """verify="lazy": the CRC of every data block the samples read, before any of it is copied."""
+        first, last = self.spans(epoch, samples)
+        rows = [range(a, b + 1) for a, b in zip((first // self.chunk).tolist(), (last // self.chunk).tolist(),
+                                                 strict=True)]
+        self.verify_rows(sorted({r for span in rows for r in span}))
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         t = self.seq_len
@@ -324,6 +429,8 @@ class _TokenSource:
         boundary_fields(doc, mask, buffers)
 
     def fill(self, buffers: dict[str, np.ndarray], plan: BatchPlan) -> None:
+        if self.verify_rows is not None:
+            self.check_rows(plan.epoch, plan.sample_ids)
         if self.plan is not None:
             self.fill_packed(buffers, plan.sample_ids.astype(np.int64))
             return
@@ -365,7 +472,11 @@ class TokenLoader(HostLoader):
     (:mod:`tbl_loader.stream.subset`; e.g. a held-out range of the stream). Batches are
     :class:`TokenBatch`: ``tokens`` ``(B, T + 1)`` and ``indices`` (window numbers), arrays or tensors. ``path`` may be a URL (``s3://...``; the remote
     extra): the windows read shards through the local shard cache (``cache_dir``, ``cache_limit``,
-    ``storage_options``), downloading only the shards they touch.
+    ``storage_options``), downloading only the shards they touch, each pass's shards downloaded ahead
+    of its batches in the order its windows reach them (``shuffle=True`` over a cache smaller than the
+    dataset warns: `CacheThrashWarning`). ``verify`` (``"never"``, ``"open"``, ``"lazy"``): as on every
+    loader (:mod:`tbl_loader.source.verify`); ``"lazy"`` checks the data blocks of the rows a batch's
+    windows span before copying them.
     """
 
     def __init__(self, path: Any, batch_size: int, seq_len: int, *, shuffle: bool = True, seed: int = 0,
@@ -374,53 +485,31 @@ class TokenLoader(HostLoader):
                  backend: str | None = None, device: Any = None, pin_memory: bool = False, rows: Any = None,
                  subsample: float | None = None, cache_dir: Any = None, cache_limit: Any = None,
                  storage_options: dict[str, Any] | None = None, boundaries: bool = False,
-                 pack: str | None = None, pack_buffer: int = 64) -> None:
+                 pack: str | None = None, pack_buffer: int = 64, verify: str | bool = "never") -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise TokenError(f"seq_len must be an int >= 1, got {seq_len!r}")
         options = StreamOptions(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
                                 world_size=world_size, padding=padding)
         output = OutputSpec.create(backend, device, pin_memory)
+        verify = verify_mode(verify)
         counters = None  # the shard cache's lookups (a URL's)
-        if is_url(path):  # streamed through the local shard cache: windows map the shards they read
+        if is_url(path):
             from ..source.cache import CacheCounters
-            from ..source.remote import open_streaming
 
             counters = CacheCounters()
-            dataset = open_streaming(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                     storage_options=storage_options, counters=counters)
-        else:  # every shard a window reads stays open: windows in random order touch all of them every epoch
-            dataset = tbl_format.open(path, max_open=sys.maxsize)
+        dataset = open_token_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                     storage_options=storage_options, counters=counters, verify=verify == "open")
+        if is_url(path):
+            warn_if_shuffle_thrashes(shuffle, dataset.shard_entries, cache_limit, redact(path))
         try:
-            info = dataset.metadata.get("tokens")
-            if _LEAF not in dataset.leaf_paths or not isinstance(info, dict):
-                raise TokenError(f"{path}: not a token dataset (write it with tbl_loader.write_tokens)")
-            chunk = int(info["chunk"])
-            nonempty = [k for k, rows in enumerate(dataset.segment_rows) if rows]
-            # The stream's length from the manifest and the last row: only the last shard is read now.
-            last = dataset.shard(nonempty[-1]).column(_LENGTH) if nonempty else np.zeros(1, np.int64)
-            if not 0 < int(last[-1]) <= chunk:
-                raise TokenError(f"{path}: rows must hold {chunk} tokens each, but for the last")
-            count = (sum(dataset.segment_rows) - 1) * chunk + int(last[-1])
-            # The index of every shard, read now (a URL's shards are fetched for it): boundaries need all of it.
-            starts = document_starts(dataset, nonempty, chunk) if boundaries or pack is not None else None
-            plan, settings = None, {"seq_len": seq_len}
-            if pack is not None:
-                plan = pack_documents(starts, count, seq_len, pack, pack_buffer, options.seed, options.shuffle)
-                windows = plan.rows  # the samples are the packed rows
-                settings.update(pack=pack, pack_buffer=pack_buffer)
-            else:
-                windows = (count - seq_len) // seq_len
-                if windows < 1:
-                    raise TokenError(f"{path}: {count} tokens make no window of seq_len={seq_len} (+1)")
-            out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(dataset.schema.leaves[_LEAF].dtype)
-            if out_dtype.kind not in "iu":
-                raise TokenError(f"dtype must be an integer dtype, got {dtype!r}")
-            subset = resolve_rows(windows, rows, subsample)  # a subset of the windows (same in every epoch)
-            cursor = StreamCursor(windows if subset is None else subset.shape[0], options,
+            stream = TokenStream.describe(dataset, path, seq_len, boundaries=boundaries, pack=pack,
+                                          pack_buffer=pack_buffer, seed=options.seed, shuffle=options.shuffle,
+                                          dtype=dtype)
+            subset = resolve_rows(stream.windows, rows, subsample)  # a subset of the windows (same in every epoch)
+            cursor = StreamCursor(stream.windows if subset is None else subset.shape[0], options,
                                   dataset_fingerprint=dataset.fingerprint,
-                                  settings={"tokens": settings}, rows=subset)
-            source = _TokenSource(dataset, chunk, count, seq_len, options.seed, options.shuffle, out_dtype,
-                                  map_all=not is_url(path), starts=starts if boundaries else None, plan=plan)
+                                  settings={"tokens": stream.settings}, rows=subset)
+            source = stream.source(dataset, map_all=not is_url(path), verify_lazily=verify == "lazy")
             pipeline = HostPipeline(source, output, capacity=options.batch_size, prefetch=prefetch,
                                     closers=[dataset.close], stats=StageStats(prefetch=prefetch, cache=counters))
         except BaseException:
@@ -428,9 +517,13 @@ class TokenLoader(HostLoader):
             raise
         self._compose(cursor, pipeline)
         self.dataset = dataset
+        self.path = path
+        self.stream = stream
+        self.remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit,
+                               "storage_options": storage_options}
         self.seq_len = seq_len
-        self.num_tokens = count
-        self.pack_plan = plan
+        self.num_tokens = stream.count
+        self.pack_plan = stream.plan
 
     @property
     def padding_fraction(self) -> float | None:
