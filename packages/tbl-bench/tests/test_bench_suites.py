@@ -190,7 +190,9 @@ def test_convert_configurations_and_ratios(tmp_path):
     configs = {c.name: c for c in convert_suite.configurations(_ctx(tmp_path, peers=True))}
     layouts = {f"tbl-from-{layout}" for layout in ("webdataset", "parquet", "hf", "manifest")}
     assert set(configs) == {"decode-limit", "decode-limit-tbl-resize", "tbl", "turboloader", "litdata", "ffcv-raw",
-                            "ffcv-jpg", *layouts}
+                            "ffcv-jpg", "litdata-from-parquet", *layouts}
+    assert configs["litdata-from-parquet"].peer and configs["litdata-from-parquet"].params["parquet"] == \
+        configs["tbl-from-parquet"].params["tar"]
     assert configs["decode-limit"].role == configs["decode-limit-tbl-resize"].role == "ceiling"
     assert configs["tbl"].role == "subject"
     assert configs["decode-limit-tbl-resize"].params["resize"] == "tbl" and "resize" not in configs["decode-limit"].params
@@ -206,6 +208,9 @@ def test_convert_configurations_and_ratios(tmp_path):
     assert convert_suite.ratios({"decode-limit": _ok(1.0)}) == {}
     assert convert_suite.ratios({"tbl": _ok(800.0), "tbl-from-parquet": _ok(760.0)}) == {
         "tbl-from-parquet vs tbl": pytest.approx(0.95)}
+    assert convert_suite.ratios({"tbl": _ok(800.0), "tbl-from-parquet": _ok(760.0),
+                                 "litdata-from-parquet": _ok(380.0)})["tbl-from-parquet vs litdata-from-parquet"] == \
+        pytest.approx(2.0)
 
 
 def test_convert_from_each_layout_stores_the_tars_rows(tmp_path):
@@ -293,3 +298,25 @@ def test_convert_steps_splits_a_worker_into_its_steps(tmp_path, capsys):
     assert all(s["user_us"] > 0 and s["wall_us"] > 0 for s in doc["steps"].values())
     assert list(scratch.iterdir()) == []  # the scratch file is removed
     assert "+ direct write" in capsys.readouterr().out
+
+
+def test_columnar_compressed_configurations_and_ratios(tmp_path):
+    from tbl_bench.suites import columnar
+
+    configs = {c.name: c for c in columnar.configurations(_ctx(tmp_path, peers=True))}
+    for codec in ("lz4", "zstd"):
+        w = configs[f"tbl-{codec}/write"]
+        assert w.params["compression"] == codec and w.rss
+        scans = [configs[f"tbl-{codec}-{fmt}/scan"] for fmt in ("arrow", "pytree")]
+        assert all(c.params["path"].endswith(f"-{codec}.tbl") and c.params["op"] == "scan" for c in scans)
+    assert "compression" not in configs["tbl/write"].params
+    results = {"tbl/write": {"throughput": 100.0, "info": {"bytes": 400}},
+               "tbl-zstd/write": {"throughput": 50.0, "info": {"bytes": 200}},
+               "lance/write": {"throughput": 200.0, "info": {"bytes": 250}},
+               "tbl-arrow/scan": {"throughput": 10.0}, "tbl-zstd-arrow/scan": {"throughput": 5.0},
+               "lance/scan": {"throughput": 20.0}}
+    r = columnar.ratios(results)
+    assert r["size: tbl zstd / lance bytes"] == 0.8 and r["size: tbl / lance bytes"] == 1.6
+    assert r["write: tbl zstd vs tbl rows/s"] == 0.5 and r["write: tbl zstd vs lance rows/s"] == 0.25
+    assert r["scan: zstd arrow vs raw arrow"] == 0.5 and r["scan: zstd arrow vs lance"] == 0.25
+    assert not any("lz4" in k for k in r)

@@ -1,29 +1,61 @@
-"""Remote serving: cold first epoch and warm epochs after it from a loopback S3 server, TBL vs litdata.
+"""Remote serving from one loopback S3 server: TBL vs Mosaic streaming vs litdata, cold and second epoch.
 
-    python -m tbl_bench.remote [--images 8000] [--size 96] [--shard-rows 250] [--epochs 8] [--warm-seconds 5]
-                           [--rounds 3]
+    python -m tbl_bench.remote [--images 8000] [--size 96] [--shard-rows 250] [--rounds 3]
+                               [--peer-python PATH] [--child-timeout 600]
 
-Needs ``tbl-loader[remote]``, ``moto[server]`` and (for the peer) ``litdata``.
-Starts moto's S3 server on 127.0.0.1, writes the same random uint8 images once
-as a TBL dataset and once as a litdata dataset (``litdata.optimize``, chunks of
-about the TBL shard's size), uploads both to the server, then runs each
-configuration in its own subprocess with a fresh cache:
+Needs ``tbl-loader[remote]``, ``moto[server]`` and boto3 in this interpreter; the
+peers (``mosaicml-streaming``, ``litdata``, with torch, boto3 and obstore) in
+``--peer-python`` (default: this interpreter).
 
-- ``TBL local``: ImageLoader on the local TBL copy (the warm reference);
-- ``TBL remote``: ImageLoader on the S3 URL, ``shuffle="block"``;
-- ``litdata remote``: ``StreamingDataset`` + ``StreamingDataLoader`` on the S3 URL,
-  ``shuffle=True`` (its chunk-then-sample shuffle), ``num_workers=0``.
+Starts moto's S3 server on 127.0.0.1 in this process, behind a WSGI wrapper that
+counts the body bytes of every GET it answers. Writes the same random uint8
+images (one ``.npy``) as a TBL dataset (``--shard-rows`` rows a shard), as a
+Mosaic dataset (``MDSWriter``) and as a litdata dataset (``litdata.optimize``),
+the peers' shards and chunks of about the TBL shard's bytes, and uploads all
+three to the server. Then, in each of ``--rounds`` rounds, runs every
+configuration in its own subprocess with a fresh cache directory
+(``remote_child.py``; TBL ones under this interpreter, the peers' under
+``--peer-python``):
+
+- ``TBL local``: ImageLoader on the local TBL copy, ``shuffle="block"``: the
+  consumer's limit, the reference for the second epoch;
+- for each cache fraction (1.0, 0.3) and shuffle (global, block), the cache
+  limit being the fraction of each system's own dataset bytes:
+
+  - ``TBL``: ImageLoader on the S3 URL, ``shuffle=True`` / ``"block"`` (blocks of
+    4 shards), ``cache_limit``;
+  - ``Mosaic``: ``streaming.StreamingDataset(remote=URL, local=cache dir,
+    shuffle=True, cache_limit)`` in a torch DataLoader; ``shuffle_algo="naive"``
+    (its all-to-all shuffle) for global, ``"py1br"`` for block with
+    ``shuffle_block_size`` the samples of TBL's block (4 shards): shard order
+    shuffled, samples shuffled within blocks, TBL's block design (the default,
+    ``py1e``, spreads each shard's samples over a range instead, and its default
+    block of 262144 samples would make a small dataset's "block" shuffle a
+    global one). Mosaic reads S3 through boto3, pointed at the server by
+    ``S3_ENDPOINT_URL``;
+  - ``litdata``: ``StreamingDataset(URL, shuffle=True, max_cache_size)`` in a
+    ``StreamingDataLoader``: its chunk-then-sample shuffle, in the block rows
+    only (it has no global shuffle: n/a in the global rows).
 
 Every configuration yields uint8 HWC batches of 128 and touches every batch.
-Each child runs at least ``--epochs`` epochs: epoch 1 is cold (nothing
-cached), and warm is the images of the epochs after it over their total time,
-with warm epochs added until they have taken ``--warm-seconds`` (one figure
-over several seconds, not the median of sub-second epochs, which the load of a
-shared machine scatters). The three configurations run one after the other
-in each of ``--rounds`` rounds (interleaved, so a change of the machine's load
-reaches all three; each round starts with the next one, so none always runs
-first); the ratios are taken within a round and the report gives each round's
-and their median. Images/s.
+The peers run with ``num_workers=0`` (their download threads still run beside
+the loop); TBL with its own producer and download threads. Each child runs two
+epochs: the cold one (timed from before the loader is constructed: opening the
+dataset counts; nothing cached) and the second. Reported per round and as the
+median over rounds: cold and second-epoch images/s; per row, the ratio of TBL to
+the best peer (cold and second epoch, taken within a round) and TBL's second
+epoch over TBL local's; and each system's downloaded bytes in the cold epoch
+(the server's counter, from before opening to the end of the cold epoch) over its
+own dataset's bytes (1.0: every byte once; more: bytes fetched again after
+eviction, or fetched twice). Configurations run one after the other in each round
+(interleaved, so a change of the machine's load reaches all; each round starts
+one configuration later, so none always runs first).
+
+Caveats: one loopback server in Python, shared by the machine's other work, is
+far from a real object store (no latency, bandwidth bound by the server's
+CPU); each system's dataset has its own size (per-sample framing), so the rates
+are images/s and the bytes are a fraction of each system's own; a configuration
+that fails or passes ``--child-timeout`` is reported as such, not retried.
 """
 
 from __future__ import annotations
@@ -38,53 +70,68 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
-CHILD = r"""
-import json, sys, time
-import numpy as np
-kind, where, cache, opts, epochs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
-warm_seconds = float(sys.argv[6])
-rates = []  # (images, seconds) of each epoch
+from tbl_bench.remote_child import COUNTER_PATH
 
-def more(epoch):  # the cold epoch, then warm ones: at least `epochs` in all and `warm_seconds` of warm ones
-    return epoch < epochs or sum(t for _, t in rates[1:]) < warm_seconds
-if kind.startswith("tbl"):
-    from tbl_loader import ImageLoader
-    extra = {} if kind == "tbl-local" else {"cache_dir": cache, "storage_options": opts["tbl"]}
-    loader = ImageLoader(where, batch_size=128, shuffle="block", seed=0, backend="numpy", dtype="uint8",
-                         layout="HWC", **extra)
-    epoch = 0
-    while more(epoch):
-        loader.set_epoch(epoch)
-        t, n = time.perf_counter(), 0
-        for b in loader:
-            n += int(np.asarray(b.images)[:, 0, 0, 0].shape[0])
-        rates.append((n, time.perf_counter() - t))
-        epoch += 1
-    loader.close()
-else:
-    from litdata import StreamingDataLoader, StreamingDataset
-    import litdata.streaming.downloader as lit_downloader
-    from obstore.store import S3Store
-    build = lit_downloader._build_obstore_s3_store
-    def with_http(bucket, client):  # the loopback server speaks plain HTTP (real S3 is HTTPS)
-        store = build(bucket, client)
-        config = {k: v for k, v in store.config.items() if k not in ("bucket", "aws_bucket")}
-        return S3Store(bucket, config=config, client_options={"allow_http": True},
-                       credential_provider=store.credential_provider)
-    lit_downloader._build_obstore_s3_store = with_http
-    ds = StreamingDataset(where, cache_dir=cache, shuffle=True, seed=0, storage_options=opts["litdata"])
-    dl = StreamingDataLoader(ds, batch_size=128, num_workers=0)
-    epoch = 0
-    while more(epoch):
-        t, n = time.perf_counter(), 0
-        for b in dl:
-            n += int(np.asarray(b["image"])[:, 0, 0, 0].shape[0])
-        rates.append((n, time.perf_counter() - t))
-        epoch += 1
-print(json.dumps(rates))
-"""
+CHILD = Path(__file__).with_name("remote_child.py")
+FRACTIONS = (1.0, 0.3)
+SHUFFLES = ("global", "block")
+PEERS = ("Mosaic", "litdata")
+BLOCK_WINDOW = 4  # TBL's default shuffle="block" window, in shards
+KEYS = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}
+
+
+class _ByteCounter:
+    """WSGI wrapper: counts the body bytes of the GET answers of ``app``; ``COUNTER_PATH`` answers the count."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        if environ.get("PATH_INFO") == COUNTER_PATH:
+            body = str(self.sent).encode()
+            start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+            return [body]
+        body = self.app(environ, start_response)
+        return self._counted(body) if environ.get("REQUEST_METHOD") == "GET" else body
+
+    def _counted(self, body):
+        try:
+            for chunk in body:
+                with self._lock:
+                    self.sent += len(chunk)
+                yield chunk
+        finally:
+            close = getattr(body, "close", None)  # PEP 3333: the server calls the iterable's close if it has one
+            if close is not None:
+                close()
+
+
+class _S3Server:
+    """moto's S3 server on 127.0.0.1 in a thread, behind :class:`_ByteCounter`."""
+
+    def __init__(self) -> None:
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        app = _ByteCounter(DomainDispatcherApplication(create_backend_app))
+        self.server = make_server("127.0.0.1", _free_port(), app, threaded=True, request_handler=MotoRequestHandler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join()
 
 
 def _free_port() -> int:
@@ -93,54 +140,142 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _litdata_item(item: tuple[str, int]) -> dict:  # module level: litdata's workers import it
-    import numpy as np
-
-    path, i = item
-    return {"image": np.array(np.load(path, mmap_mode="r")[i]), "label": i}
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _ratios(results: dict) -> str:
-    parts = []
-    if "TBL remote" in results and "litdata remote" in results:
-        parts.append(f"cold TBL/litdata {results['TBL remote'][0] / results['litdata remote'][0]:.2f}x")
-    if "TBL remote" in results and "TBL local" in results:
-        parts.append(f"warm TBL remote/local {results['TBL remote'][1] / results['TBL local'][1]:.2f}x")
-    return "; ".join(parts)
+def _upload_dir(s3, local: Path, prefix: str) -> None:
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            s3.upload_file(str(p), "bench", f"{prefix}/{p.relative_to(local).as_posix()}")
+
+
+def _configs() -> list[tuple[str, float | None, str]]:
+    """(system, cache fraction, shuffle) of each configuration; TBL local has no cache."""
+    configs = [("TBL local", None, "block")]
+    for fraction in FRACTIONS:
+        for shuffle in SHUFFLES:
+            configs += [("TBL", fraction, shuffle), ("Mosaic", fraction, shuffle)]
+            if shuffle == "block":  # litdata has no global shuffle
+                configs.append(("litdata", fraction, shuffle))
+    return configs
+
+
+def _run_child(python: str, spec: dict, env: dict, timeout: float) -> dict | str:
+    """The child's result, or why there is none."""
+    try:
+        out = subprocess.run([python, str(CHILD), json.dumps(spec)], capture_output=True, text=True, env=env,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        return f"failed: {lines[-1] if lines else f'exit {out.returncode}'}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _figures(result: dict | str) -> dict | str:
+    """A child's epochs as images/s (cold, second) and the cold epoch's downloaded bytes; a failure as is."""
+    if not isinstance(result, dict):
+        return result
+    (cold_n, cold_s), (second_n, second_s) = result["cold"], result["second"]
+    return {"cold": cold_n / cold_s, "second": second_n / second_s, "cold_bytes": result["cold_bytes"]}
+
+
+def _row_ratios(results: dict, fraction: float, shuffle: str) -> dict[str, float]:
+    """Within one round: TBL over the best peer (cold, second epoch) and TBL's second epoch over TBL local's."""
+    tbl = results.get(("TBL", fraction, shuffle))
+    if not isinstance(tbl, dict):
+        return {}
+    peers = [r for r in (results.get((p, fraction, shuffle)) for p in PEERS) if isinstance(r, dict)]
+    ratios = {}
+    if peers:
+        ratios["cold"] = tbl["cold"] / max(r["cold"] for r in peers)
+        ratios["second"] = tbl["second"] / max(r["second"] for r in peers)
+    local = results.get(("TBL local", None, "block"))
+    if isinstance(local, dict):
+        ratios["local"] = tbl["second"] / local["second"]
+    return ratios
+
+
+def _label(fraction: float | None, shuffle: str) -> str:
+    return "local" if fraction is None else f"{fraction:4.0%} {shuffle:6s}"
+
+
+def _print_results(results: dict, sizes: dict[str, int]) -> None:
+    print(f"  {'cache shuffle':14s} {'system':9s} {'cold img/s':>11s} {'2nd img/s':>10s} {'cold bytes/size':>16s}")
+    for system, fraction, shuffle in _configs():
+        r = results.get((system, fraction, shuffle))
+        head = f"  {_label(fraction, shuffle):14s} {system:9s}"
+        if isinstance(r, dict):
+            print(f"{head} {r['cold']:11.0f} {r['second']:10.0f} "
+                  f"{r['cold_bytes'] / sizes[system]:16.2f}")
+        else:
+            print(f"{head} {r or 'missing'}")
+        if system == "Mosaic" and shuffle == "global":
+            print(f"  {_label(fraction, shuffle):14s} {'litdata':9s} n/a (no global shuffle)")
+
+
+def _print_ratios(rounds: list[dict]) -> None:
+    print(f"  {'cache shuffle':14s} {'cold TBL/best peer':>19s} {'2nd TBL/best peer':>18s} {'2nd TBL/local':>14s}")
+    for fraction in FRACTIONS:
+        for shuffle in SHUFFLES:
+            per_round = [_row_ratios(r, fraction, shuffle) for r in rounds]
+            cells = []
+            for key, width in (("cold", 19), ("second", 18), ("local", 14)):
+                values = [x[key] for x in per_round if key in x]
+                text = (f"{statistics.median(values):.2f}x ({', '.join(f'{v:.2f}' for v in values)})"
+                        if values else "n/a")
+                cells.append(f"{text:>{width}s}")
+            print(f"  {_label(fraction, shuffle):14s} " + " ".join(cells))
+
+
+def _median_results(rounds: list[dict]) -> dict:
+    """Per configuration, the median of each figure over the rounds in which it ran."""
+    medians = {}
+    for config in _configs():
+        done = [r[config] for r in rounds if isinstance(r.get(config), dict)]
+        if not done:
+            medians[config] = next((r[config] for r in rounds if config in r), None)
+            continue
+        medians[config] = {key: statistics.median(d[key] for d in done) for key in ("cold", "second", "cold_bytes")}
+    return medians
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its tables.
+
+    Args:
+        argv: command-line arguments (default: ``sys.argv[1:]``).
+    """
     ap = argparse.ArgumentParser(prog="python -m tbl_bench.remote", description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=8000)
     ap.add_argument("--size", type=int, default=96)
     ap.add_argument("--shard-rows", type=int, default=250)
-    ap.add_argument("--epochs", type=int, default=8, help="epochs per child at least: the first cold, the rest warm")
-    ap.add_argument("--warm-seconds", type=float, default=5.0,
-                    help="each child runs warm epochs until they have taken at least this long in all")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three configurations, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of all configurations, interleaved")
+    ap.add_argument("--peer-python", default=sys.executable,
+                    help="interpreter with mosaicml-streaming and litdata: runs the peers and writes their datasets")
+    ap.add_argument("--child-timeout", type=float, default=600.0, help="seconds one configuration may run")
     args = ap.parse_args(argv)
-    if args.epochs < 2 or args.rounds < 1:
-        ap.error("need --epochs >= 2 and --rounds >= 1")
+    if args.images < 1 or args.shard_rows < 1 or args.rounds < 1:
+        ap.error("need --images, --shard-rows and --rounds >= 1")
 
     import boto3
     import numpy as np
-    from litdata import optimize
-    from moto.server import ThreadedMotoServer
 
     import tbl_format
     from tbl_loader import upload_dataset
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    keys = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}
-    tbl_opts = {**keys, "region": "us-east-1", "endpoint": endpoint, "client_options": {"allow_http": True}}
-    lit_opts = {**keys, "endpoint_url": endpoint, "region_name": "us-east-1"}
+    server = _S3Server()
+    endpoint = server.endpoint
+    tbl_opts = {**KEYS, "region": "us-east-1", "endpoint": endpoint, "client_options": {"allow_http": True}}
+    lit_opts = {**KEYS, "endpoint_url": endpoint, "region_name": "us-east-1"}
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "S3_ENDPOINT_URL": endpoint,  # Mosaic's boto3 reads the latter
+           "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ALLOW_HTTP": "true"}  # litdata's own obstore store reads it (plain-HTTP loopback server)
     work = Path(tempfile.mkdtemp(prefix="tbl-remote-bench-"))
     try:
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **keys)
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **KEYS)
         s3.create_bucket(Bucket="bench")
         rng = np.random.default_rng(0)
         images = rng.integers(0, 256, (args.images, args.size, args.size, 3), dtype=np.uint8)
@@ -148,51 +283,47 @@ def main(argv: list[str] | None = None) -> int:
         tbl_path = tbl_format.write(({"image": images[i], "label": np.int64(i)} for i in range(args.images)),
                                     work / "tbl", shard_rows=args.shard_rows)
         upload_dataset(tbl_path, "s3://bench/tbl/", storage_options=tbl_opts)
-        shard_mb = max(p.stat().st_size for p in tbl_path.glob("*.tbl")) / 1e6
-        optimize(fn=_litdata_item, inputs=[(str(work / "images.npy"), i) for i in range(args.images)], output_dir=str(work / "lit"),
-                 chunk_bytes=f"{max(1, int(shard_mb))}MB", num_workers=1)
-        for p in (work / "lit").iterdir():
-            s3.upload_file(str(p), "bench", f"lit/{p.name}")
-        tbl_mb = sum(p.stat().st_size for p in tbl_path.iterdir()) / 1e6
-        lit_mb = sum(p.stat().st_size for p in (work / "lit").iterdir()) / 1e6
-        print(f"{args.images} images {args.size}x{args.size}x3 uint8; TBL {tbl_mb:.0f} MB, litdata {lit_mb:.0f} MB "
-              f"on the loopback S3 server")
-        opts = json.dumps({"tbl": tbl_opts, "litdata": lit_opts})
-        configs = (("TBL local", "tbl-local", str(tbl_path)), ("TBL remote", "tbl-remote", "s3://bench/tbl/"),
-                   ("litdata remote", "litdata", "s3://bench/lit/"))
-        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
-               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_ALLOW_HTTP": "true"}  # litdata's own obstore store reads it (plain-HTTP loopback server)
+        shard_bytes = max(p.stat().st_size for p in tbl_path.glob("*.tbl"))
+        written = _run_child(args.peer_python, {"mode": "write-peers", "npy": str(work / "images.npy"),
+                                                "out": str(work), "shard_bytes": shard_bytes}, env, args.child_timeout)
+        if not isinstance(written, dict):
+            raise SystemExit(f"writing the peers' datasets with {args.peer_python}: {written}")
+        _upload_dir(s3, work / "mds", "mds")
+        _upload_dir(s3, work / "lit", "lit")
+        sizes = {"TBL local": _dir_bytes(tbl_path), "TBL": _dir_bytes(tbl_path), "Mosaic": _dir_bytes(work / "mds"),
+                 "litdata": _dir_bytes(work / "lit")}
+        print(f"{args.images} images {args.size}x{args.size}x3 uint8 on the loopback S3 server: "
+              f"TBL {sizes['TBL'] / 1e6:.1f} MB ({len(list(tbl_path.glob('*.tbl')))} shards), "
+              f"Mosaic {sizes['Mosaic'] / 1e6:.1f} MB ({len(list((work / 'mds').glob('*.mds')))} shards), "
+              f"litdata {sizes['litdata'] / 1e6:.1f} MB ({len(list((work / 'lit').glob('*.bin')))} chunks); "
+              f"batches of 128, peers with num_workers=0")
+
+        urls = {"TBL local": str(tbl_path), "TBL": "s3://bench/tbl/", "Mosaic": "s3://bench/mds",
+                "litdata": "s3://bench/lit/"}
+        pythons = {"TBL local": sys.executable, "TBL": sys.executable, "Mosaic": args.peer_python,
+                   "litdata": args.peer_python}
+        configs = _configs()
         rounds = []
         for number in range(1, args.rounds + 1):
             results = {}
             shift = (number - 1) % len(configs)  # each round starts with another configuration
-            for label, kind, where in configs[shift:] + configs[:shift]:
+            for system, fraction, shuffle in configs[shift:] + configs[:shift]:
                 cache = tempfile.mkdtemp(dir=work, prefix="cache-")  # fresh: epoch 1 is cold
-                out = subprocess.run([sys.executable, "-c", CHILD, kind, where, cache, opts, str(args.epochs), str(args.warm_seconds)],
-                                     capture_output=True, text=True, env=env)
-                if out.returncode != 0:
-                    print(f"round {number} {label}: failed:\n{out.stderr[-3000:]}")
-                    continue
-                epochs = json.loads(out.stdout.strip().splitlines()[-1])
-                warm_n, warm_s = sum(n for n, _ in epochs[1:]), sum(t for _, t in epochs[1:])
-                results[label] = (epochs[0][0] / epochs[0][1], warm_n / warm_s, warm_s, len(epochs) - 1)
+                spec = {"mode": "epochs", "system": system.split()[0].lower(), "where": urls[system],
+                        "shuffle": shuffle, "cache_dir": cache, "endpoint": endpoint,
+                        "cache_limit": None if fraction is None else int(fraction * sizes[system]),
+                        "block_samples": BLOCK_WINDOW * args.shard_rows,
+                        "tbl_options": tbl_opts, "litdata_options": lit_opts}
+                results[(system, fraction, shuffle)] = _figures(_run_child(pythons[system], spec, env, args.child_timeout))
                 shutil.rmtree(cache, ignore_errors=True)
             rounds.append(results)
             print(f"round {number}:")
-            for label, (cold, warm, warm_s, warm_epochs) in results.items():
-                print(f"  {label:16s} cold {cold:9.0f} images/s   warm {warm:9.0f} images/s "
-                      f"({warm_epochs} epochs, {warm_s:.1f} s)")
-            print("  " + _ratios(results))
-        cold_ratio = [r["TBL remote"][0] / r["litdata remote"][0] for r in rounds
-                      if "TBL remote" in r and "litdata remote" in r]
-        warm_ratio = [r["TBL remote"][1] / r["TBL local"][1] for r in rounds if "TBL remote" in r and "TBL local" in r]
-        if cold_ratio:
-            print(f"cold TBL remote / litdata remote: median {statistics.median(cold_ratio):.2f}x over "
-                  f"{len(cold_ratio)} rounds ({', '.join(f'{x:.2f}' for x in cold_ratio)})")
-        if warm_ratio:
-            print(f"warm TBL remote / TBL local: median {statistics.median(warm_ratio):.2f}x over "
-                  f"{len(warm_ratio)} rounds ({', '.join(f'{x:.2f}' for x in warm_ratio)})")
+            _print_results(results, sizes)
+            _print_ratios([results])
+        print(f"median over {len(rounds)} rounds:")
+        _print_results(_median_results(rounds), sizes)
+        print("ratios: median over rounds (each round's)")
+        _print_ratios(rounds)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -20,7 +20,8 @@ from tbl_bench.peers.epochs import ImageLabelEpochs
 from tbl_bench.peers.pil import index_tar
 from tbl_bench.peers.transforms import transform_image
 
-__all__ = ["litdata_convert", "litdata_optimize", "litdata_serve"]
+__all__ = ["litdata_convert", "litdata_convert_parquet", "litdata_optimize", "litdata_optimize_parquet",
+           "litdata_serve"]
 
 
 def _import_litdata():
@@ -59,16 +60,55 @@ def litdata_optimize(tar: str, dst: str | Path, size: int, workers: int = 2) -> 
     return len(inputs)
 
 
+def _row_group_samples(row_group: int, parquet: str, size: int):
+    """Every sample of one Parquet row group (HF-style ``{bytes, path}`` image structs), decoded and resized as
+    `_decode_resize` does: one litdata input per row group, as litdata's docs read Parquet in `optimize`."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    table = pq.ParquetFile(parquet).read_row_group(row_group, columns=["image", "label"])
+    for image, label in zip(table.column("image").to_pylist(), table.column("label").to_pylist(), strict=True):
+        img = Image.open(io.BytesIO(image["bytes"])).convert("RGB").resize((size, size), Image.BILINEAR)
+        yield {"image": np.asarray(img), "label": label}
+
+
+def litdata_optimize_parquet(parquet: str, dst: str | Path, size: int, workers: int = 2) -> int:
+    """Convert a Parquet file of image structs into a litdata optimized directory at `dst`; return the rows."""
+    litdata = _import_litdata()
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise SkipConfig(f"pyarrow is not installed in the peers' interpreter: {e}") from e
+    meta = pq.ParquetFile(parquet).metadata
+    litdata.optimize(
+        fn=functools.partial(_row_group_samples, parquet=str(parquet), size=size),
+        inputs=list(range(meta.num_row_groups)),
+        output_dir=str(dst),
+        chunk_bytes="64MB",
+        num_workers=workers,
+        verbose=False,
+        mode="overwrite",
+    )
+    return meta.num_rows
+
+
 class _Convert(ConversionEpochs):
-    def __init__(self, tar: str, size: int, workers: int, count: int):
+    def __init__(self, src: str, size: int, workers: int, count: int, parquet: bool = False):
         _import_litdata()
-        self.tar, self.size, self.workers = tar, size, workers
+        self.src, self.size, self.workers, self.parquet = src, size, workers, parquet
         self.items_per_epoch = count
-        self.info = {"workers": workers}
+        self.info = {"workers": workers, "source": "parquet" if parquet else "tar"}
         super().__init__("tbl-bench-litdata-convert-", "")
 
     def convert_into(self, dst: Path) -> int:
-        return litdata_optimize(self.tar, dst, self.size, self.workers)
+        if self.parquet:
+            return litdata_optimize_parquet(self.src, dst, self.size, self.workers)
+        return litdata_optimize(self.src, dst, self.size, self.workers)
+
+
+def litdata_convert_parquet(parquet: str, size: int, count: int, workers: int = 2):
+    """Workload factory: one `litdata.optimize` of the Parquet file (one input per row group) per epoch."""
+    return _Convert(parquet, size, workers, count, parquet=True)
 
 
 def litdata_convert(tar: str, size: int, count: int, workers: int = 2):

@@ -12,6 +12,12 @@ tbl-arrow/take         1,024 random rows a batch (an epoch covers every row once
 tbl-pytree/take        the same batches through ``get_batch``
 lance/take             baseline: the same batches through ``LanceDataset.take``
 tbl/write              ``tbl_format.write(rows, path)`` of every row (rows already in memory)
+tbl-lz4/write          the same with ``compression="lz4"`` (the text and tags heaps)
+tbl-zstd/write         the same with ``compression="zstd"`` (level 3)
+tbl-lz4-arrow/scan     ``tbl-arrow/scan`` of a ``compression="lz4"`` file of the same rows
+tbl-lz4-pytree/scan    ``tbl-pytree/scan`` of it
+tbl-zstd-arrow/scan    ``tbl-arrow/scan`` of a ``compression="zstd"`` file of the same rows
+tbl-zstd-pytree/scan   ``tbl-pytree/scan`` of it
 lance/write            baseline: ``lance.write_dataset(pa.Table.from_pylist(rows))`` of the same rows
 =====================  ====================================================================
 
@@ -41,6 +47,8 @@ ROWS = 200_000
 QUICK_ROWS = 20_000
 BATCH = 1024
 READ_OPS = ("scan", "take")
+#: Codecs of the compressed configurations (variable-size leaves only: x and id stay raw columns).
+CODECS = ("lz4", "zstd")
 
 
 def make_rows(n: int, seed: int = 0) -> list[dict]:
@@ -57,10 +65,10 @@ def make_rows(n: int, seed: int = 0) -> list[dict]:
             for i in range(n)]
 
 
-def write_tbl(dst: str, rows: int) -> None:
+def write_tbl(dst: str, rows: int, compression: str | None = None) -> None:
     from tbl_format import write
 
-    write(make_rows(rows), dst, variable=["tags"])
+    write(make_rows(rows), dst, variable=["tags"], compression=compression)
 
 
 def _arrow_table(rows: list[dict]):
@@ -176,11 +184,14 @@ class _Writes:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def tbl_writes(rows: int, op: str = "write"):
-    """Workload factory: tbl_format.write of every row per epoch (``op`` names the configuration's operation)."""
+def tbl_writes(rows: int, op: str = "write", compression: str | None = None):
+    """Workload factory: tbl_format.write of every row per epoch (``op`` names the configuration's operation),
+    variable-size leaves compressed with ``compression`` (None, "lz4" or "zstd")."""
     from tbl_format import write
 
-    return _Writes(lambda rs, dst: write(rs, dst, variable=["tags"]), rows)
+    w = _Writes(lambda rs, dst: write(rs, dst, variable=["tags"], compression=compression), rows)
+    w.info["compression"] = compression
+    return w
 
 
 def lance_writes(rows: int, op: str = "write"):
@@ -205,6 +216,13 @@ def configurations(ctx: BenchContext) -> list[Config]:
                for op in READ_OPS for fmt in ("arrow", "pytree")]
     configs.append(Config(NAME, "tbl/write", "tbl", "tbl_bench.suites.columnar:tbl_writes", {"rows": rows, "op": "write"},
                           **writes))
+    for codec in CODECS:
+        path = str(ctx.artifact(f"columnar-{rows}-{codec}.tbl", {"kind": "columnar", "rows": rows, "compression": codec},
+                                lambda p, codec=codec: write_tbl(str(p), rows, codec)))
+        configs += [Config(NAME, f"tbl-{codec}-{fmt}/scan", "tbl", "tbl_bench.suites.columnar:tbl_reads",
+                           {"path": path, "op": "scan", "fmt": fmt, "rows": rows}, **reads) for fmt in ("arrow", "pytree")]
+        configs.append(Config(NAME, f"tbl-{codec}/write", "tbl", "tbl_bench.suites.columnar:tbl_writes",
+                              {"rows": rows, "op": "write", "compression": codec}, **writes))
     if ctx.peers:
         try:
             lance_path, skip = str(ctx.peer_artifact(f"columnar-{rows}.lance", {"kind": "columnar", "rows": rows},
@@ -235,8 +253,21 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
     tw, lw = rate("tbl/write"), rate("lance/write")
     if tw and lw:
         out["write: tbl vs lance rows/s"] = tw / lw
-    tb = ((results.get("tbl/write") or {}).get("info") or {}).get("bytes")
     lb = ((results.get("lance/write") or {}).get("info") or {}).get("bytes")
-    if tb and lb:
-        out["size: tbl / lance bytes"] = tb / lb
+    for codec in (None, *CODECS):
+        name = "tbl/write" if codec is None else f"tbl-{codec}/write"
+        tag = "tbl" if codec is None else f"tbl {codec}"
+        w, b = rate(name), ((results.get(name) or {}).get("info") or {}).get("bytes")
+        if codec is not None and w and tw:
+            out[f"write: {tag} vs tbl rows/s"] = w / tw
+        if codec is not None and w and lw:
+            out[f"write: {tag} vs lance rows/s"] = w / lw
+        if b and lb:
+            out[f"size: {tag} / lance bytes"] = b / lb
+        if codec is not None:
+            scan, raw = rate(f"tbl-{codec}-arrow/scan"), rate("tbl-arrow/scan")
+            if scan and raw:
+                out[f"scan: {codec} arrow vs raw arrow"] = scan / raw
+            if scan and rate("lance/scan"):
+                out[f"scan: {codec} arrow vs lance"] = scan / rate("lance/scan")
     return out

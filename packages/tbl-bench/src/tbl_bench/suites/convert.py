@@ -16,7 +16,8 @@ Subjects: `tbl_loader.convert` (squash), from the TAR and from the same images
 and labels written as WebDataset shards, Parquet, a `datasets` folder and a
 JSONL manifest (``tbl-from-*``, `tbl_bench.record_sources`; each figure is
 read against the TAR's, same run); with --peers, TurboLoader's
-`preprocess_to_tbl`, `litdata.optimize` (PIL decode + resize in its workers)
+`preprocess_to_tbl`, `litdata.optimize` (PIL decode + resize in its workers; from the TAR, and from the
+Parquet layout with one input per row group, ``litdata-from-parquet``)
 and FFCV 1.0.2's `DatasetWriter` from the photos at ``max_resolution=size``
 in its two modes, ``raw`` (decoded pixels) and ``jpg`` (re-encoded; FFCV
 keeps the aspect ratio, so its images are not squashed). Each tool gets as
@@ -185,7 +186,8 @@ def configurations(ctx: BenchContext) -> list[Config]:
         Config(NAME, "tbl", "tbl", "tbl_bench.suites.convert:tbl_convert",
                {"tar": tar, "size": size, "count": count, "workers": workers}, **common),
     ]
-    configs += _record_source_configs(ctx, tar, size, count, workers, common)
+    record_configs = _record_source_configs(ctx, tar, size, count, workers, common)
+    configs += record_configs
     if ctx.peers:
         configs += [
             Config(NAME, "turboloader", "turboloader", "tbl_bench.peers.turbo:turbo_convert",
@@ -193,6 +195,12 @@ def configurations(ctx: BenchContext) -> list[Config]:
             Config(NAME, "litdata", "litdata", "tbl_bench.peers.litdata_peer:litdata_convert",
                    {"tar": tar, "size": size, "count": count, "workers": workers}, peer=True, **common),
         ]
+        parquet = next((c for c in record_configs if c.name == "tbl-from-parquet"), None)
+        if parquet is not None:  # litdata's own Parquet path, against tbl convert of the same file
+            configs.append(Config(NAME, "litdata-from-parquet", "litdata",
+                                  "tbl_bench.peers.litdata_peer:litdata_convert_parquet",
+                                  {"parquet": parquet.params["tar"], "size": size, "count": count,
+                                   "workers": workers}, peer=True, skip=parquet.skip, **common))
         ffcv_skip = _ffcv_skip(ctx)
         for mode in ("raw", "jpg"):
             configs.append(Config(NAME, f"ffcv-{mode}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_convert",
@@ -246,4 +254,7 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
         for name, res in results.items():
             if name.startswith("tbl-from-") and res and res.get("throughput"):
                 out[f"{name} vs tbl"] = res["throughput"] / tbl["throughput"]
+    mine, theirs = results.get("tbl-from-parquet"), results.get("litdata-from-parquet")
+    if mine and theirs and mine.get("throughput") and theirs.get("throughput"):
+        out["tbl-from-parquet vs litdata-from-parquet"] = mine["throughput"] / theirs["throughput"]
     return out
