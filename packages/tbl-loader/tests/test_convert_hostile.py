@@ -241,16 +241,16 @@ def test_destination_devices_fifos_links_and_self(tmp_path: Path) -> None:
         if dst.name == "link.tar":
             os.symlink(tar, dst)
         with pytest.raises(DestinationError):
-            convert(tar, dst, S, force=True, progress=False)
+            convert(tar, dst, S, overwrite=True, progress=False)
         r = run_cli(str(tar), str(dst), "--size", str(S), "--force", timeout=60)
         assert r.returncode == 2 and len(error_lines(r.stderr)) == 1
     r = run_cli(str(tmp_path / "link.tar"), str(tar), "--size", str(S), "--force", timeout=60)
     assert r.returncode == 2 and "is the source" in r.stderr
     assert tar.read_bytes() == before and os.path.islink(tmp_path / "link.tar")
     with pytest.raises(DestinationError, match="is the source"):
-        convert(root, root, S, shards=2, force=True, progress=False)
+        convert(root, root, S, shards=2, overwrite=True, progress=False)
     with pytest.raises(DestinationError, match="label file|is the source"):
-        convert(root, tmp_path / "labels.csv", S, force=True, progress=False,
+        convert(root, tmp_path / "labels.csv", S, overwrite=True, progress=False,
                 label_file=_labels(tmp_path / "labels.csv"))
 
 
@@ -295,7 +295,7 @@ def test_force_replaces_only_the_dataset_own_shards(tmp_path: Path) -> None:
     convert(root, dst, S, shard_rows=2, workers=1, progress=False)
     (dst / "notes.txt").write_text("mine")
     old = sorted(p.name for p in dst.glob("*.tbl"))
-    convert(root, dst, 8, shard_rows=3, workers=1, progress=False, force=True)
+    convert(root, dst, 8, shard_rows=3, workers=1, progress=False, overwrite=True)
     assert not any((dst / n).exists() for n in old) and (dst / "notes.txt").read_text() == "mine"
     assert rows(dst) == 6
     # a shard reached through a link out of the folder, or a listed file that is not TBL: refused, all kept
@@ -310,7 +310,7 @@ def test_force_replaces_only_the_dataset_own_shards(tmp_path: Path) -> None:
     os.unlink(shard)
     shard.write_text("not a shard")
     with pytest.raises(DestinationError):
-        convert(root, dst, S, shard_rows=2, workers=1, progress=False, force=True)
+        convert(root, dst, S, shard_rows=2, workers=1, progress=False, overwrite=True)
     assert shard.read_text() == "not a shard" and outside.is_file()
 
 

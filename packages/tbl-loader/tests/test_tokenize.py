@@ -330,7 +330,7 @@ def test_existing_destination_needs_force(corpus: dict, tmp_path: Path) -> None:
     with pytest.raises(DestinationError, match="--force"):
         tokenize_corpus(src, dst, tokenizer=corpus["tokenizer"])
     assert read_documents(dst)[0][0][-1] == 0  # untouched
-    tokenize_corpus(src, dst, tokenizer=corpus["tokenizer"], force=True)
+    tokenize_corpus(src, dst, tokenizer=corpus["tokenizer"], overwrite=True)
     assert read_documents(dst)[0][0][-1] == EOS
     r = cli(str(src), str(dst), "--tokenizer", str(corpus["tokenizer"]))
     assert r.returncode == 2 and "--force" in r.stderr

@@ -257,7 +257,7 @@ def _run(args: argparse.Namespace) -> int:
             label_file=args.label_file,
             resample=args.resample,
             draft=args.draft,
-            force=args.force,
+            overwrite=args.force,
             keep_path=args.keep_path,
             sidecar=args.sidecar,
             allow_empty_classes=args.allow_empty_classes,
@@ -406,7 +406,7 @@ def _run_tokenize(args: argparse.Namespace) -> int:
             _tok_error("--merge: give at least one PART and a DST")
             return EXIT_REFUSED
         try:
-            dst = merge_parts(args.paths[:-1], args.paths[-1], force=args.force)
+            dst = merge_parts(args.paths[:-1], args.paths[-1], overwrite=args.force)
         except (ValueError, DestinationError) as e:
             _tok_error(f"--merge: error: {_one_line(e)}; nothing was published")
             return EXIT_REFUSED
@@ -427,7 +427,7 @@ def _run_tokenize(args: argparse.Namespace) -> int:
         rep = tokenize_corpus(
             src, dst, tokenizer=args.tokenizer, text_field=args.text_field, eos=args.eos, workers=args.workers,
             part=args.part, on_error=args.on_error, source_format=args.source_format, dtype=args.dtype,
-            part_bytes=args.part_size or DEFAULT_PART_BYTES, force=args.force, report=args.report)
+            part_bytes=args.part_size or DEFAULT_PART_BYTES, overwrite=args.force, report=args.report)
     except (TextRecordError, WorkerCrashError) as e:  # found while tokenizing
         _tok_error(f"error: {type(e).__name__}: {_one_line(e)}; nothing was published at {dst}")
         return EXIT_FAILED

@@ -70,13 +70,13 @@ is written or removed): a ``dst`` that is a symbolic link, a FIFO, a device
 node or a socket (it is never replaced); a ``dst`` that is the source or the
 label file; a directory where a file is written (no ``shard_rows`` /
 ``shards``) or a file where a directory is; an existing ``dst`` unless
-``force=True``. An empty directory is not "existing". With ``force=True`` an
+``overwrite=True``. An empty directory is not "existing". With ``overwrite=True`` an
 existing ``.tbl`` file is replaced, and a dataset directory is replaced only
 if each shard file its manifest lists is a regular TBL file the directory
 itself holds (no link on the way): the writer removes those after
 publishing and nothing else; otherwise the dataset is refused and left as
 it is. A non-empty directory that is not a dataset takes the new dataset
-with ``force=True`` and loses nothing. A file that is not a TBL dataset is
+with ``overwrite=True`` and loses nothing. A file that is not a TBL dataset is
 never replaced.
 
 Report
@@ -644,7 +644,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def check_destination(dst: Path, *, sharded: bool, force: bool, inputs: Sequence[Path]) -> None:
+def check_destination(dst: Path, *, sharded: bool, overwrite: bool, inputs: Sequence[Path]) -> None:
     """Refuse a destination the conversion must not write (see the module docstring); DestinationError."""
     try:
         st = os.lstat(dst)
@@ -662,8 +662,8 @@ def check_destination(dst: Path, *, sharded: bool, force: bool, inputs: Sequence
     if stat.S_ISREG(st.st_mode):
         if sharded:
             raise DestinationError(f"{dst} is a file; a sharded dataset (--shards or --shard-rows) is a folder")
-        if not force:
-            raise DestinationError(f"{dst} exists; pass --force (force=True) to replace it")
+        if not overwrite:
+            raise DestinationError(f"{dst} exists; pass --force (overwrite=True) to replace it")
         try:
             tbl_format.open(dst).close()
         except (tbl_format.FormatError, OSError, ValueError) as e:
@@ -677,8 +677,8 @@ def check_destination(dst: Path, *, sharded: bool, force: bool, inputs: Sequence
         empty = next(it, None) is None
     if empty:
         return
-    if not force:
-        raise DestinationError(f"{dst} is a folder that is not empty; pass --force (force=True) to write into it")
+    if not overwrite:
+        raise DestinationError(f"{dst} is a folder that is not empty; pass --force (overwrite=True) to write into it")
     if not os.path.lexists(dst / "manifest.json"):
         return  # not a dataset: written into, nothing in it is removed
     try:
@@ -738,7 +738,7 @@ def convert(
     label_file: str | os.PathLike[str] | None = None,
     resample: str = "bilinear",
     draft: bool = True,
-    force: bool = False,
+    overwrite: bool = False,
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
     keep_path: bool = False,
     sidecar: str | os.PathLike[str] | None = None,
@@ -761,7 +761,7 @@ def convert(
     part (merge with `merge_parts`). ``report``: path of the JSON report,
     None for ``dst + ".report.json"``, False for none. ``progress``: tqdm bar
     on stderr. ``label_file``: see `tbl_loader.conversion.sources`. ``resample`` and
-    ``draft``: see `tbl_loader.conversion.decode`. ``force``: replace an existing
+    ``draft``: see `tbl_loader.conversion.decode`. ``overwrite``: replace an existing
     dataset at ``dst`` (see the module docstring for what is removed).
     ``max_image_bytes``: encoded size cap on one image (a bigger one is a bad
     image, never read). ``keep_path`` (``path`` and ``orig_size`` columns) and
@@ -820,7 +820,7 @@ def convert(
     if not sharded and os.fspath(dst).endswith(("/", os.sep)):
         raise DestinationError(f"{os.fspath(dst)}: names a folder; a folder takes a sharded dataset (shards=/shard_rows=)")
     inputs = [Path(p) for p in (src, label_file) if isinstance(p, (str, os.PathLike))]
-    check_destination(dst_path, sharded=sharded, force=force, inputs=inputs)
+    check_destination(dst_path, sharded=sharded, overwrite=overwrite, inputs=inputs)
     if report_path is not None:
         check_report_path(report_path, [*inputs, dst_path])
     try:
@@ -872,7 +872,7 @@ def convert(
         try:
             _convert_into(
                 listing, names, labels, locators, dst_path, workers, max_image_bytes, recipe, on_error, shard_rows,
-                force, progress, rep, extra,
+                overwrite, progress, rep, extra,
             )
         except BaseException as e:
             extra.close()
@@ -937,13 +937,13 @@ def _convert_into(
     recipe: Recipe,
     on_error: str,
     shard_rows: int | None,
-    force: bool,
+    overwrite: bool,
     progress: bool,
     rep: ConvertReport,
     extra: ExtraColumns | None = None,
 ) -> None:
     if isinstance(recipe, FixedRecipe) and not extra and shard_rows is None:
-        _convert_placed(listing, names, labels, locators, dst, workers, max_bytes, recipe, on_error, force,
+        _convert_placed(listing, names, labels, locators, dst, workers, max_bytes, recipe, on_error, overwrite,
                         progress, rep)
         return
     results = _results_in_order(listing, names, locators, workers, max_bytes, recipe)
@@ -952,7 +952,7 @@ def _convert_into(
     with (
         tbl_format.Writer(
             dst, schema_with_extra(recipe.schema(), extra), metadata=dataset_metadata(listing, recipe), shard_rows=shard_rows,
-            overwrite=force,
+            overwrite=overwrite,
         ) as writer,
         _progress_bar(len(names), progress) as bar,
         closing(results),
@@ -992,7 +992,7 @@ def _convert_placed(
     max_bytes: int,
     recipe: FixedRecipe,
     on_error: str,
-    force: bool,
+    overwrite: bool,
     progress: bool,
     rep: ConvertReport,
 ) -> None:
@@ -1006,7 +1006,7 @@ def _convert_placed(
     # Exit order on an exception: the pool stops (closing), then the bar, then the writer aborts,
     # removing its temp file (after the workers that write into it are gone); on success it publishes.
     with tbl_format.PlacedWriter(dst, recipe.schema(), placed="image", capacity=len(names),
-                                 metadata=dataset_metadata(listing, recipe), overwrite=force) as writer:
+                                 metadata=dataset_metadata(listing, recipe), overwrite=overwrite) as writer:
         placement = _Placement(writer.path, writer.offset(0) if names else 0, writer.row_bytes)
         results = _results_in_order(listing, names, locators, workers, max_bytes, recipe, placement)
         with _progress_bar(len(names), progress) as bar, closing(results):

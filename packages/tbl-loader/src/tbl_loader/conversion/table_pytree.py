@@ -50,7 +50,7 @@ def _tables(src: Any, fmt: str) -> tuple[list[Any], dict[str, list[str]]]:
 
 
 def convert_table(src: Any, dst: str | os.PathLike[str], *, source_format: str | None = None,
-                  shard_rows: int | None = None, force: bool = False) -> int:
+                  shard_rows: int | None = None, overwrite: bool = False) -> int:
     """Convert a Parquet / Arrow file or a `datasets` Dataset to a pytree dataset at ``dst``; returns its rows.
 
     Args:
@@ -59,14 +59,14 @@ def convert_table(src: Any, dst: str | os.PathLike[str], *, source_format: str |
         dst: the ``.tbl`` file (or, with ``shard_rows``, the dataset folder) to write.
         source_format: "parquet", "arrow" or "hf"; None detects it (`tbl_loader.conversion.formats`).
         shard_rows: rows per shard of a sharded dataset folder; None for one file.
-        force: replace an existing dataset at ``dst`` (as `tbl_loader.convert` does).
+        overwrite: replace an existing dataset at ``dst`` (as `tbl_loader.convert` does).
     """
     fmt = source_format or detect_format(src)
     if fmt not in TABLE_FORMATS:
         raise ValueError(f"convert_table reads {', '.join(TABLE_FORMATS)} sources; {src!r} is {fmt or 'neither'}")
     dst_path = Path(dst)
     inputs = [Path(src)] if isinstance(src, (str, os.PathLike)) else []
-    check_destination(dst_path, sharded=shard_rows is not None, force=force, inputs=inputs)
+    check_destination(dst_path, sharded=shard_rows is not None, overwrite=overwrite, inputs=inputs)
     tables, class_names = _tables(src, fmt)
     if not tables or not sum(t.num_rows for t in tables):
         raise SourceError(f"{src!r} holds no rows")
@@ -87,7 +87,7 @@ def convert_table(src: Any, dst: str | os.PathLike[str], *, source_format: str |
     metadata = {"class_names": class_names} if class_names else {}
     n = len(columns[names[0]])
     with tbl_format.Writer(dst_path, tbl_format.Schema(leaves), metadata=metadata, shard_rows=shard_rows,
-                           overwrite=force) as writer:
+                           overwrite=overwrite) as writer:
         for i in range(n):
             writer.write({c: converters[c](columns[c][i]) for c in names})
     return n

@@ -48,10 +48,10 @@ one (the parts' last rows are partial, so merging rewrites the tokens: a sequent
 itself cut into parts of about ``part_bytes`` of source text, each published in a hidden staging folder
 ``.DST.tokenize`` beside ``dst`` with a marker once complete; the dataset is written from them at the end
 into the staging folder, renamed to ``dst`` (absent, or an empty folder), and the staging folder removed
-(with ``force=True`` it is written over the old dataset instead, by tbl-format's replacement rules). A run that was killed (SIGKILL included) and is run again with
+(with ``overwrite=True`` it is written over the old dataset instead, by tbl-format's replacement rules). A run that was killed (SIGKILL included) and is run again with
 the same source, tokenizer and options resumes: the finished parts are kept, not tokenized again (a
 changed source or option discards them, and the report says so). Nothing is published at ``dst`` until
-every document is written; an existing ``dst`` is replaced only with ``force=True`` (the checks of
+every document is written; an existing ``dst`` is replaced only with ``overwrite=True`` (the checks of
 `tbl_loader.conversion.images.check_destination`).
 
 A JSON report (``dst + ".report.json"``) records the counts, the skipped records with why, the parts
@@ -670,7 +670,7 @@ def tokenize_corpus(
     chunk: int = 65536,
     shard_tokens: int = 1 << 26,
     part_bytes: int = DEFAULT_PART_BYTES,
-    force: bool = False,
+    overwrite: bool = False,
     report: str | os.PathLike[str] | bool | None = None,
 ) -> TokenizeReport:
     """Tokenize the corpus ``src`` into the token dataset folder ``dst`` (the module docstring says how).
@@ -689,7 +689,7 @@ def tokenize_corpus(
         chunk: tokens per row (`write_tokens`).
         shard_tokens: tokens per shard file (`write_tokens`).
         part_bytes: source bytes per resumable part of a whole run.
-        force: replace an existing dataset at ``dst``.
+        overwrite: replace an existing dataset at ``dst``.
         report: the report path; None: ``dst + ".report.json"``; False: none.
     """
     t0 = time.perf_counter()
@@ -711,7 +711,7 @@ def tokenize_corpus(
     dst_path = Path(dst)
     report_path = Path(f"{dst_path}.report.json") if report is None or report is True else (
         None if report is False else Path(report))
-    check_destination(dst_path, sharded=True, force=force, inputs=[Path(src), Path(tokenizer)])
+    check_destination(dst_path, sharded=True, overwrite=overwrite, inputs=[Path(src), Path(tokenizer)])
     if report_path is not None:  # never over the source, the tokenizer, DST, or a file that is not a report
         check_report_path(report_path, [Path(src), Path(tokenizer), dst_path])
     source = scan_source(src, text_field, source_format)
@@ -741,7 +741,7 @@ def tokenize_corpus(
             ranges = [part_range(n_all, (i, count)) for i in range(count)]
         rep.parts = len(ranges)
         workers = rep.workers = max(1, min(workers, stop - start))
-        _run_staged(source, ranges, spec, text_field, workers, dst_path, write_options, on_error, rep, force)
+        _run_staged(source, ranges, spec, text_field, workers, dst_path, write_options, on_error, rep, overwrite)
     except BaseException as e:
         rep.error = f"{type(e).__name__}: {e}"
         _finish(rep, t0, report_path)
@@ -830,12 +830,12 @@ def _rename_into(final: Path, dst: Path) -> None:
 
 def _run_staged(source: _Source, ranges: list[tuple[int, int]], spec: _TokenizerSpec, text_field: str,
                 workers: int, dst: Path, options: dict[str, Any], on_error: str, rep: TokenizeReport,
-                force: bool) -> None:
+                overwrite: bool) -> None:
     """The run in resumable parts under the staging folder, then ``dst`` published from them.
 
-    One part is written as the dataset itself; several are joined into it (`_rewrite`). Without ``force``
+    One part is written as the dataset itself; several are joined into it (`_rewrite`). Without ``overwrite``
     the dataset is completed inside the staging folder and renamed to ``dst`` (absent or an empty folder):
-    a run killed at any point leaves nothing at ``dst``. With ``force`` it is written over the old dataset
+    a run killed at any point leaves nothing at ``dst``. With ``overwrite`` it is written over the old dataset
     by `write_tokens` (tbl-format's replacement rules).
     """
     staging = _staging(dst, "tokenize")
@@ -846,16 +846,16 @@ def _run_staged(source: _Source, ranges: list[tuple[int, int]], spec: _Tokenizer
     staging.mkdir(exist_ok=True)
     try:
         _write_json(staging / "plan.json", plan)
-        final = dst if force else staging / "dataset"
-        if not force:
+        final = dst if overwrite else staging / "dataset"
+        if not overwrite:
             shutil.rmtree(final, ignore_errors=True)  # the unfinished dataset of a killed run: written again
         folders = _run_parts(source, ranges, spec, text_field, workers, staging, done, options, on_error, rep,
-                             single=final if len(ranges) == 1 else None, force=force)
+                             single=final if len(ranges) == 1 else None, overwrite=overwrite)
         if not folders:
             raise TokenError(f"no document to write: all {len(rep.skipped)} record(s) were skipped")
         if len(ranges) > 1:
-            _rewrite(folders, final, options, force)
-        if not force:
+            _rewrite(folders, final, options, overwrite)
+        if not overwrite:
             _rename_into(final, dst)
     except BaseException:
         if not any(staging.glob("part-*.json")):  # nothing a rerun could resume: leave nothing behind
@@ -866,7 +866,7 @@ def _run_staged(source: _Source, ranges: list[tuple[int, int]], spec: _Tokenizer
 
 def _run_parts(source: _Source, ranges: list[tuple[int, int]], spec: _TokenizerSpec, text_field: str,
                workers: int, staging: Path, done: dict[int, dict[str, Any]], options: dict[str, Any],
-               on_error: str, rep: TokenizeReport, *, single: Path | None, force: bool) -> list[Path]:
+               on_error: str, rep: TokenizeReport, *, single: Path | None, overwrite: bool) -> list[Path]:
     """Tokenize the parts not ``done``, each published with its marker; every part's folder, in order.
 
     ``single``: the only part is written there (the dataset itself; no marker: nothing is left to resume).
@@ -891,7 +891,7 @@ def _run_parts(source: _Source, ranges: list[tuple[int, int]], spec: _TokenizerS
             folder = single if single is not None else staging / f"part-{i:05d}"
             if single is None:
                 shutil.rmtree(folder, ignore_errors=True)  # a part a killed run left unfinished: written again
-            counts = _write_part(group, i, folder, options, on_error, rep, force and single is not None)
+            counts = _write_part(group, i, folder, options, on_error, rep, overwrite and single is not None)
             for _ in group:  # (a part is consumed whole before the next one's group is asked for)
                 pass
             skipped[i] = counts["skipped"]
@@ -966,13 +966,13 @@ def part_documents(path: str | os.PathLike[str]) -> Iterator[np.ndarray]:
         ds.close()
 
 
-def _rewrite(parts: Sequence[Path], dst: Path, options: dict[str, Any], force: bool) -> None:
+def _rewrite(parts: Sequence[Path], dst: Path, options: dict[str, Any], overwrite: bool) -> None:
     documents = itertools.chain.from_iterable(part_documents(p) for p in parts)
-    write_tokens(documents, dst, overwrite=force, **options)
+    write_tokens(documents, dst, overwrite=overwrite, **options)
 
 
 def merge_parts(parts: Sequence[str | os.PathLike[str]], dst: str | os.PathLike[str], *,
-                force: bool = False) -> Path:
+                overwrite: bool = False) -> Path:
     """Join the outputs of ``tokenize_corpus(..., part="i/n")`` for i = 0..n-1, given in that order, into ``dst``.
 
     The parts must share their tokens settings and ``tokenize`` metadata (one tokenizer, field, eos); when
@@ -983,7 +983,7 @@ def merge_parts(parts: Sequence[str | os.PathLike[str]], dst: str | os.PathLike[
     if not parts:
         raise TokenError("merge needs at least one part")
     dst_path = Path(dst)
-    check_destination(dst_path, sharded=True, force=force, inputs=[Path(p) for p in parts])
+    check_destination(dst_path, sharded=True, overwrite=overwrite, inputs=[Path(p) for p in parts])
     infos = []
     for p in parts:
         try:
@@ -1006,7 +1006,7 @@ def merge_parts(parts: Sequence[str | os.PathLike[str]], dst: str | os.PathLike[
     options = {"dtype": tokens["dtype"], "eos": tokens["eos"], "chunk": tokens["chunk"],
                "shard_tokens": _shard_tokens(parts[0], tokens["chunk"]),
                "metadata": {k: v for k, v in infos[0].items() if k != "tokens"}}
-    if force:  # over the old dataset, by tbl-format's replacement rules
+    if overwrite:  # over the old dataset, by tbl-format's replacement rules
         _rewrite([Path(p) for p in parts], dst_path, options, True)
         return dst_path
     # Written complete in a hidden folder, then renamed: a killed merge leaves nothing at dst.

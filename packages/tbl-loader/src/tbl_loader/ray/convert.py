@@ -49,7 +49,7 @@ driver's (the ones the metadata records; decoded pixels depend on them):
 
 Paths (source, destination, sidecar) must be visible to every node at the same
 path; on one machine any local path is. Not supported with this engine: ``part``
-(Ray spreads the work itself) and ``force`` (an existing dataset is never
+(Ray spreads the work itself) and ``overwrite`` (an existing dataset is never
 replaced; remove it first).
 
 Signals: a local Ray instance this call starts installs its own SIGTERM
@@ -153,7 +153,7 @@ def convert(
     report_path = None if report is False else Path(f"{dst_path}.report.json") if report in (None, True) \
         else Path(report)  # type: ignore[arg-type]
     inputs = [Path(p) for p in (src, label_file, sidecar) if isinstance(p, (str, os.PathLike)) and not is_url(p)]
-    conversion.check_destination(dst_path, sharded=True, force=False, inputs=inputs)
+    conversion.check_destination(dst_path, sharded=True, overwrite=False, inputs=inputs)
     if report_path is not None:
         conversion.check_report_path(report_path, [*inputs, dst_path])
     try:
