@@ -88,6 +88,29 @@ def test_remote_resume_mid_epoch_equals_straight(s3_server, local_ds, remote_url
         assert np.array_equal(a, b)
 
 
+def test_a_block_shuffle_through_a_cache_holding_the_dataset_reads_every_shard_ahead(s3_server, local_ds, remote_url,
+                                                                                      tmp_path):
+    """With the dataset's bytes as cache_limit, the first batch's read queues the whole epoch's shard order:
+    once the downloads under way end, every shard is cached, each downloaded once, and the epoch equals local."""
+    limit = _dataset_bytes(local_ds)
+    opts = dict(batch_size=12, shuffle="block", seed=2, hflip=0.5, backend="numpy", prefetch=0)
+    with ImageLoader(local_ds, **opts) as local:
+        expected = _stream(local, epochs=1)
+    with ImageLoader(remote_url, cache_dir=tmp_path, cache_limit=limit, storage_options=s3_server.storage_options,
+                     **opts) as remote:
+        ds = remote.dataset
+        assert ds.fetcher.lookahead == len(ds.shard_entries)
+        it = iter(remote)
+        got = [next(it)]
+        ds.fetcher.wait()
+        assert ds.cache.downloads == len(ds.shard_entries) == len(ds.cache.cached_files())
+        got = [(np.array(b.images), np.array(b.labels), np.array(b.indices)) for b in [*got, *it]]
+        assert ds.cache.downloads == len(ds.shard_entries) and ds.cache.size() <= limit
+    assert len(got) == len(expected)
+    for (gi, gl, gx), (ei, el, ex) in zip(got, expected, strict=True):
+        assert np.array_equal(gx, ex) and np.array_equal(gl, el) and np.array_equal(gi, ei)
+
+
 def test_cache_reuses_shards_and_evicts_lru_within_limit(s3_server, local_ds, remote_url, tmp_path):
     from tbl_loader.source.remote import RemoteDataset
 
@@ -564,7 +587,7 @@ def test_the_reader_waits_for_the_fetchers_own_download():
 
     release, started, calls = threading.Event(), threading.Event(), []
 
-    def fetch(k):
+    def fetch(k, wanted):
         calls.append(k)
         started.set()
         release.wait(5)
@@ -596,7 +619,8 @@ def test_a_batch_downloads_its_shards_side_by_side():
     lock, active, most, calls = threading.Lock(), [0], [0], []
     everyone = threading.Barrier(3, timeout=10)  # passes only if the three downloads run at the same time
 
-    def fetch(k):
+    def fetch(k, wanted):
+        assert wanted == []  # a batch's own downloads keep nothing back
         with lock:
             calls.append(k)
             active[0] += 1
@@ -609,5 +633,78 @@ def test_a_batch_downloads_its_shards_side_by_side():
     try:
         fetcher.fetch_now([7, 3, 9])
         assert sorted(calls) == [3, 7, 9] and most[0] == 3 and not everyone.broken
+    finally:
+        fetcher.close()
+
+
+def test_read_ahead_depth_follows_what_the_cache_holds():
+    """A cache that holds the dataset reads the whole order ahead; a smaller one 4 shards, within what it holds."""
+    from tbl_loader.source.fetcher import read_ahead_depth
+
+    entries = [{"file": f"{k}.tbl", "size": 100} for k in range(40)]
+    for local in (False, True):
+        assert read_ahead_depth(entries, None, 40, shard_local=local) == 40  # no limit
+        assert read_ahead_depth(entries, 4000, 40, shard_local=local) == 40  # exactly the dataset
+    # one byte short, evictions begin: two thirds of the cache ahead of a block order, 4 ahead of a global one
+    assert read_ahead_depth(entries, 3999, 39, shard_local=True) == 26
+    assert read_ahead_depth(entries, 3999, 39) == 4
+    assert read_ahead_depth(entries, 1200, 12, shard_local=True) == 8
+    assert read_ahead_depth(entries, 600, 6, shard_local=True) == 4  # at least 4 ahead ...
+    assert read_ahead_depth(entries, 300, 3, shard_local=True) == 2  # ... within what the cache holds beside
+    assert read_ahead_depth(entries, 300, 3) == 2                    # the shard being read
+    assert read_ahead_depth(entries, 100, 1, shard_local=True) == 0
+
+
+def test_a_download_ahead_never_evicts_a_shard_the_reads_want_first(s3_server, local_ds, remote_url, tmp_path):
+    """Room for a download ahead is made from the shards the reads no longer want, least recently used
+    first: never from `wanted` (shards downloaded ahead and not read yet); with nothing else to evict it
+    downloads nothing. Without `wanted`, plain LRU."""
+    import os
+
+    from tbl_loader.source.remote import RemoteDataset
+
+    shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
+    with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=2 * shard_size,
+                       storage_options=s3_server.storage_options) as ds:
+        cache, entries, where = ds.cache, ds.shard_entries, ds.local_dir
+        path = [where / e["file"] for e in entries]
+        for k in (0, 1):
+            cache.fetch(ds.store, where, entries[k])
+            os.utime(path[k], ns=(k * 10**9, k * 10**9))  # shard 0 least recently used
+        assert cache.fetch_ahead(ds.store, where, entries[2], wanted=[path[0]]) == path[2]
+        assert path[0].exists() and not path[1].exists()  # shard 1 went, although used more recently
+        assert cache.fetch_ahead(ds.store, where, entries[3], wanted=[path[0], path[2]]) is None
+        assert not path[3].exists() and cache.downloads == 3  # nothing evictable: nothing downloaded
+        assert cache.fetch_ahead(ds.store, where, entries[3]) == path[3]
+        assert cache.size() <= 2 * shard_size
+
+
+def test_the_fetcher_wants_the_shards_from_the_reads_to_its_last_download():
+    """A download ahead is told the window of the order the reads want (from the shard read last to the last
+    one submitted) at the time it runs; a batch's own download (fetch_now) keeps nothing back."""
+    import threading
+
+    from tbl_loader.source.fetcher import Fetcher
+
+    asked, started = [], threading.Event()
+
+    def fetch(k, wanted):
+        asked.append((k, wanted))
+        started.set()
+
+    fetcher = Fetcher(fetch, lookahead=2, concurrency=1)
+    try:
+        fetcher.schedule([5, 6, 7, 8, 9])
+        assert started.wait(5)
+        assert asked[0] == (5, [5, 6])  # submitted, none read yet: the window is the first two
+        fetcher.wait()
+        fetcher.reached([6])
+        assert fetcher.wanted() == [6, 7, 8]  # the shard read now and the two ahead of it
+        fetcher.wait()
+        assert [k for k, _ in asked] == [5, 6, 7, 8] and asked[-1] == (8, [6, 7, 8])
+        fetcher.fetch_now([3])
+        assert asked[-1] == (3, [])
+        fetcher.schedule([1, 2])
+        assert fetcher.wanted() == [1, 2]
     finally:
         fetcher.close()

@@ -316,7 +316,7 @@ class ImageLoader(HostLoader):
         output = OutputSpec.create(backend, device, pin_memory)
         verify = verify_mode(verify)
 
-        shards, closers, counters = _shard_source(path, verify, cache_dir, cache_limit, storage_options)
+        shards, closers, counters = _shard_source(path, verify, cache_dir, cache_limit, storage_options, shuffle)
         stats = StageStats(prefetch=prefetch, cache=counters)
         if is_url(path):
             warn_if_shuffle_thrashes(shuffle, shards.shard_entries, cache_limit, redact(path))
@@ -447,7 +447,7 @@ def _field_paths(fields: Any, spec: ImageSpec, columns: ImageColumns | variable_
 
 
 def _shard_source(path: Any, verify: str, cache_dir: Any, cache_limit: Any,
-                  storage_options: dict[str, Any] | None) -> tuple[Any, list[Any], Any]:
+                  storage_options: dict[str, Any] | None, shuffle: Any) -> tuple[Any, list[Any], Any]:
     """The shard source of ``path``, what closes it with the loader, and its cache counters (None: local).
 
     A URL: a RemoteDataset over the shard cache. A path: LocalShards over ``tbl_format.open``.
@@ -457,7 +457,8 @@ def _shard_source(path: Any, verify: str, cache_dir: Any, cache_limit: Any,
 
     if is_url(path):  # s3://, gs://, az://, http(s)://: served from the local shard cache
         remote = RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                               verify_data=verify == "open", counters=CacheCounters())
+                               verify_data=verify == "open", counters=CacheCounters(),
+                               shard_local=shuffle is not True)  # a global shuffle reads every shard at once
         return remote, [remote.close], remote.cache.counters
     if isinstance(path, (str, os.PathLike)):
         shards = LocalShards(tbl_format.open(path, verify=verify == "open", max_open=_EVERY_SHARD))

@@ -68,7 +68,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -247,23 +247,25 @@ class ShardCache:
             return path
 
     def fetch_ahead(self, store: Store, directory: Path, entry: dict[str, Any], *,
-                    verify_data: bool = False) -> Path | None:
+                    verify_data: bool = False, wanted: Collection[Path] = ()) -> Path | None:
         """:meth:`fetch` for a shard wanted soon, not now (a fetcher's read-ahead): None, with nothing
-        downloaded, when it would not fit within the limit beside the shards in use and the downloads in
-        flight. A read's own fetch may go over the limit for as long as its shards are in use; a download
-        ahead never does."""
+        downloaded, when it would not fit within the limit beside the shards in use, the downloads in
+        flight and the shards in ``wanted`` (the ones the reads need before this one: evicting those to
+        make room would download them twice). A read's own fetch may go over the limit for as long as
+        its shards are in use; a download ahead never does."""
         final = directory / entry["file"]
         with self._locked(final):
-            return final if self._present(store, final, entry, verify_data, ahead=True) else None
+            return final if self._present(store, final, entry, verify_data, ahead=True, wanted=wanted) else None
 
-    def _present(self, store: Store, final: Path, entry: dict[str, Any], verify_data: bool, *, ahead: bool) -> bool:
+    def _present(self, store: Store, final: Path, entry: dict[str, Any], verify_data: bool, *, ahead: bool,
+                 wanted: Collection[Path] = ()) -> bool:
         """Make ``final`` the cached shard ``entry`` (its lock is held): False if ``ahead`` and it does not fit."""
         self._remove_temporaries(final)
         if self._cached(final, entry):
             os.utime(final)  # the LRU clock
             self.counters.add(hits=1)
             return True
-        return self._download(store, final, entry, verify_data, ahead=ahead)
+        return self._download(store, final, entry, verify_data, ahead=ahead, wanted=wanted)
 
     def refetch(self, store: Store, directory: Path, entry: dict[str, Any]) -> Path:
         """Evict shard ``entry``'s cached file (its data failed a check after it was cached) and download it
@@ -324,12 +326,12 @@ class ShardCache:
                     other.unlink(missing_ok=True)
 
     def _download(self, store: Store, final: Path, entry: dict[str, Any], verify_data: bool, *,
-                  ahead: bool = False) -> bool:
+                  ahead: bool = False, wanted: Collection[Path] = ()) -> bool:
         """Download, check and publish ``final``; False (nothing done) if ``ahead`` and it does not fit."""
         final.parent.mkdir(parents=True, exist_ok=True)
         problem = ""
         for _attempt in range(2):  # one re-download after a failed check, then a named error
-            tmp = self._reserve(final, int(entry.get("size") or 0), ahead=ahead)
+            tmp = self._reserve(final, int(entry.get("size") or 0), ahead=ahead, wanted=wanted)
             if tmp is None:
                 return False
             try:
@@ -436,9 +438,9 @@ class ShardCache:
                 total += int(tail) if tail.isdigit() else 0
         return total
 
-    def _reserve(self, final: Path, size: int, *, ahead: bool = False) -> Path | None:
+    def _reserve(self, final: Path, size: int, *, ahead: bool = False, wanted: Collection[Path] = ()) -> Path | None:
         """The empty temporary file a ``size``-byte download of ``final`` writes to, created after making room;
-        None if ``ahead`` and the room cannot be made (every other file is in use or in flight).
+        None if ``ahead`` and the room cannot be made (every other file is in use, in flight or ``wanted``).
 
         The expected size is in its name, so every later eviction counts this download in flight
         against the limit. Room is made and the file created under one eviction lock: two downloads
@@ -448,14 +450,16 @@ class ShardCache:
             tmp.touch(exist_ok=False)
             return tmp
         with self._filelock.FileLock(str(self.locks / "evict.lock")):
-            if not self._make_room(size, keep=final) and ahead:
+            if not self._make_room(size, keep=final, wanted=wanted) and ahead:
                 return None
             tmp.touch(exist_ok=False)
         return tmp
 
-    def _make_room(self, incoming: int, keep: Path) -> bool:
+    def _make_room(self, incoming: int, keep: Path, wanted: Collection[Path] = ()) -> bool:
         """Unlink least-recently-used shards until ``incoming`` more bytes fit within the limit (the eviction
-        lock is held); whether they fit then (not when the files left are in use)."""
+        lock is held), never ``keep`` nor a shard in ``wanted``; whether they fit then (not when the files
+        left are in use or wanted)."""
+        wanted = set(wanted)
         if incoming > self.limit:
             raise CacheFullError(f"{self.root}: cache_limit {self.limit} bytes cannot hold one {incoming}-byte shard")
         # Downloads in flight first, the published shards second: a download that is renamed into place
@@ -470,7 +474,7 @@ class ShardCache:
         for _, size, path in sorted(files, key=lambda f: (f[0], str(f[2]))):
             if total + incoming <= self.limit:
                 break
-            if path == keep:
+            if path == keep or path in wanted:
                 continue
             lock = self._lock(path)
             try:

@@ -43,7 +43,7 @@ import tbl_format
 
 from ..errors import CacheFullError, RemoteChecksumError, ShardNotMappedError
 from .cache import CacheCounters, ShardCache
-from .fetcher import Fetcher, shards_in_read_order
+from .fetcher import Fetcher, read_ahead_depth, shards_in_read_order
 from .storage import open_store, redact
 
 __all__ = ["RemoteDataset", "RemoteShards", "materialize", "open_remote", "open_streaming"]
@@ -59,8 +59,10 @@ class RemoteDataset:
     credentials profile, client options). ``verify_data``: check every data
     block's CRC-32 of each downloaded shard before it enters the cache (the
     header and table checksums are always checked). ``lookahead``: shards the
-    fetcher keeps downloaded ahead of the reader; ``concurrency``: parallel
-    downloads; ``max_mapped``: shards kept mapped when no batch needs them (default:
+    fetcher keeps downloaded ahead of the reader (default:
+    :func:`~tbl_loader.source.fetcher.read_ahead_depth`: every shard when the cache holds the
+    dataset, else two thirds of what it holds when ``shard_local`` (the reader's order moves through a
+    few shards at a time: a block shuffle or none), else 4); ``concurrency``: parallel downloads; ``max_mapped``: shards kept mapped when no batch needs them (default:
     as many as ``cache_limit`` holds, so unlinked-but-mapped files stay within it too; all
     without a limit). ``counters``: the :class:`~tbl_loader.source.cache.CacheCounters` its
     lookups add to (a loader's ``stats()["cache"]``; default: its cache's own). ``manifest``: the
@@ -71,8 +73,9 @@ class RemoteDataset:
 
     def __init__(self, url: str, *, cache_dir: Any = None, cache_limit: Any = None,
                  storage_options: dict[str, Any] | None = None, verify_data: bool = False,
-                 lookahead: int = 4, concurrency: int = 4, max_mapped: int | None = None,
-                 counters: CacheCounters | None = None, manifest: bytes | None = None) -> None:
+                 lookahead: int | None = None, concurrency: int = 4, max_mapped: int | None = None,
+                 counters: CacheCounters | None = None, manifest: bytes | None = None,
+                 shard_local: bool = False) -> None:
         self.url = url
         # What another process needs to open the same dataset on the same cache (ImageDataset pickles it);
         # the manifest's bytes join it below.
@@ -113,8 +116,8 @@ class RemoteDataset:
         self._prepared: list[int] = []  # the shards the last prepare_rows mapped
         self._nonempty = [k for k, count in enumerate(self._counts.tolist()) if count]
         self._whole: dict[tuple[str, ...], dict[str, list[Any]]] = {}  # by leaves: see _whole_columns
-        # Downloads ahead stay within what the cache holds besides the shards being read.
-        lookahead = min(lookahead, max(0, self.max_mapped - 1))
+        if lookahead is None:
+            lookahead = read_ahead_depth(self._entries, self.cache.limit, self.max_mapped, shard_local=shard_local)
         self.fetcher = Fetcher(self._prefetch, lookahead=lookahead, concurrency=concurrency)
         self._closed = False
 
@@ -135,11 +138,12 @@ class RemoteDataset:
         return np.searchsorted(self._starts, np.asarray(rows, dtype=np.int64), side="right") - 1
 
     # ---- shards -------------------------------------------------------------------------------------
-    def _prefetch(self, k: int) -> None:
+    def _prefetch(self, k: int, wanted: list[int]) -> None:
         if k in self._mapped:  # mapped here already: its bytes are at hand, nothing to fetch or lock
             return
         if self._entries[k]["rows"]:
-            self.cache.fetch_ahead(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data)
+            self.cache.fetch_ahead(self.store, self.local_dir, self._entries[k], verify_data=self.verify_data,
+                                   wanted=[self.local_dir / self._entries[j]["file"] for j in wanted])
 
     def _map(self, k: int) -> Any:
         """Shard ``k`` open (downloaded first if it is not cached); most recently used."""
@@ -482,9 +486,10 @@ class RemoteShards:
     def cache(self) -> ShardCache:
         return self._clients()[1]
 
-    def _download(self, k: int) -> None:
+    def _download(self, k: int, wanted: list[int]) -> None:
         store, cache, _ = self._clients()
-        cache.fetch_ahead(store, self.local_dir, self.entries[k], verify_data=self.verify_data)
+        cache.fetch_ahead(store, self.local_dir, self.entries[k], verify_data=self.verify_data,
+                          wanted=[self.local_dir / self.entries[j]["file"] for j in wanted])
 
     def __call__(self, k: int) -> Path:
         store, cache, fetcher = self._clients()
@@ -537,9 +542,9 @@ def open_streaming(url: str, *, cache_dir: Any = None, cache_limit: Any = None,
                        verify_data=verify_data, lookahead=0, counters=counters, manifest=manifest) as remote:
         if remote._single:
             return tbl_format.open(remote.local_dir / remote._entries[0]["file"])
-        # Downloads ahead stay within what the cache holds besides the shards being read.
+        depth = read_ahead_depth(remote.shard_entries, remote.cache.limit, remote.max_mapped)
         hook = RemoteShards(url, remote.local_dir, remote.shard_entries, cache_dir=cache_dir, cache_limit=cache_limit,
                             storage_options=storage_options, verify_data=verify_data, counters=counters,
-                            lookahead=min(4, max(0, remote.max_mapped - 1)))
+                            lookahead=depth)
         return tbl_format.open(remote.local_dir, max_open=remote.max_mapped, fetch_shard=hook,
                                read_ahead=hook.read_ahead)
