@@ -323,11 +323,11 @@ def test_missing_library_names_the_extra(corpus: dict, tmp_path: Path, monkeypat
         tokenize_corpus(src, tmp_path / "tok", tokenizer=corpus["tokenizer"])
 
 
-def test_existing_destination_needs_force(corpus: dict, tmp_path: Path) -> None:
+def test_existing_destination_needs_overwrite(corpus: dict, tmp_path: Path) -> None:
     src = write_lines(tmp_path / "c.jsonl", [GOOD])
     dst = tmp_path / "tok"
     tokenize_corpus(src, dst, tokenizer=corpus["tokenizer"], eos=0)
-    with pytest.raises(DestinationError, match="--force"):
+    with pytest.raises(DestinationError, match=r"--force \(overwrite=True\)"):  # the CLI's and the API's names
         tokenize_corpus(src, dst, tokenizer=corpus["tokenizer"])
     assert read_documents(dst)[0][0][-1] == 0  # untouched
     tokenize_corpus(src, dst, tokenizer=corpus["tokenizer"], overwrite=True)
