@@ -109,6 +109,17 @@ def test_fetch_shard_makes_only_the_touched_shards_present(tmp_path):
     assert ds2[21]["i"] == 21 and ds2._fetch_shard.calls[-1] == 5
 
 
+def test_read_ahead_hears_the_orders_and_the_close(tmp_path):
+    """The read_ahead hook gets each order as ints, and ``[]`` at close: a fetcher stops with the dataset."""
+    d, store, files = _split_store(tmp_path)
+    heard = []
+    ds = tf.open(d, fetch_shard=_MoveIn(store, d, files), read_ahead=heard.append)
+    ds.read_ahead((4, 1))
+    assert ds[5]["i"] == 5
+    ds.close()
+    assert heard == [[4, 1], []]
+
+
 def test_a_fetched_file_evicted_before_it_is_opened_is_fetched_again(tmp_path):
     """A cache shared by threads may evict the file between the hook's return and the open: the dataset asks
     the hook again; a file that keeps vanishing is a MissingShardError naming the shard."""

@@ -480,9 +480,12 @@ def test_a_streamed_dataset_downloads_ahead_of_its_reads(s3_server, local_rows, 
         ds[3 * SHARD_ROWS]
         hook._clients()[2].wait()
         assert hook.cache.downloads == 6  # and again: shard 50
+        ds.read_ahead(range(len(sizes)))
+        threads = list(hook._clients()[2]._pool._threads)
     finally:
         ds.close()
-        ds._fetch_shard.close()
+    # Closing the dataset stops its downloads ahead: none outlives it, reading a cache the caller may change.
+    assert threads and not any(t.is_alive() for t in threads)
 
 
 def test_a_local_dataset_ignores_read_ahead(local_rows):

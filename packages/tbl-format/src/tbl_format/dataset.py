@@ -71,7 +71,8 @@ def open(path: str | os.PathLike[str], *, verify: bool = False, max_open: int = 
     may have just made (a cache of a remote dataset downloads it). The file is then checked
     against the manifest like any shard. Without it, shards are the files beside the manifest.
     ``read_ahead`` (with ``fetch_shard``): what :meth:`Dataset.read_ahead` passes its shards
-    to, so the fetcher can make them present before they are opened.
+    to, so the fetcher can make them present before they are opened; :meth:`Dataset.close`
+    passes it ``[]`` (nothing more is read ahead), and a fetcher stops there, before close returns.
     """
     if read_ahead is not None and fetch_shard is None:
         raise ValueError("read_ahead goes with a fetch_shard hook")
@@ -470,7 +471,11 @@ class Dataset:
                         self._verified_leaves.add(leaf)
 
     def close(self) -> None:
-        """Release every map this dataset holds. A later access opens the files again."""
+        """Release every map this dataset holds and end the read-ahead. A later access opens the files again."""
+        if self._read_ahead is not None:
+            # No download ahead may outlive the dataset: it would keep reading (and mapping) the cache after
+            # the caller is done with it, while the caller may be changing it.
+            self._read_ahead([])
         if not self._opened:
             return
         with self._lock:

@@ -499,7 +499,11 @@ class RemoteShards:
         return path
 
     def read_ahead(self, shards: list[int]) -> None:
-        """The shards the next reads need, in order: the fetcher downloads them ahead of the reads."""
+        """The shards the next reads need, in order: the fetcher downloads them ahead of the reads. Empty
+        (what ``Dataset.close`` passes): this process's fetcher stops once its downloads under way end."""
+        if not shards:
+            self.close()
+            return
         self._clients()[2].schedule(shards)
 
     def close(self) -> None:
