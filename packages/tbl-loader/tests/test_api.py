@@ -27,7 +27,7 @@ def test_all_is_sorted_and_complete(name):
 
 def test_top_level_is_what_training_code_calls():
     expected = {"ImageLoader", "ImageDataset", "EpochBatchSampler", "PyTreeLoader", "PyTreeDataset", "TokenLoader", "TokenDataset",
-                "Mix", "Schedule", "Batch", "RandomResizedCrop", "IMAGENET_MEAN", "IMAGENET_STD", "convert", "write_tokens",
+                "Mix", "Schedule", "Batch", "PyTreeBatch", "TokenBatch", "RandomResizedCrop", "IMAGENET_MEAN", "IMAGENET_STD", "convert", "write_tokens",
                 "upload_dataset", "collate_identity", "collate_tensors", "Padded", "Masked", "errors",
                 "LoaderError", "__version__",
                 # the sub-packages, namespaces of the other audiences

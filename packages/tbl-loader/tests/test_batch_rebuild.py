@@ -15,9 +15,14 @@ from tbl_loader import (
     ImageDataset,
     ImageLoader,
     Mix,
+    PyTreeBatch,
+    PyTreeDataset,
     PyTreeLoader,
     RandomResizedCrop,
+    TokenDataset,
     collate_identity,
+    collate_tensors,
+    write_tokens,
 )
 from tbl_loader.pytree import IndexedBatch
 
@@ -41,6 +46,8 @@ def _form(value):
     """A batch or any nested value as nested tuples that ``==`` compares exactly (tensors by their bytes)."""
     if isinstance(value, Batch):
         return ("Batch", tuple((f.name, _form(getattr(value, f.name))) for f in dataclasses.fields(Batch)))
+    if isinstance(value, PyTreeBatch):
+        return (type(value).__name__, _form(value.tree), _form(value.indices), _form(value.sources))
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.dtype), str(value.device), tree_form(value.numpy()))
     if isinstance(value, dict):
@@ -106,6 +113,75 @@ def test_pytree_loader_indices(path):
     assert type(moved) is IndexedBatch and _form(moved) == _form(item)
     collated = torch.utils.data.default_collate([item, item])
     assert type(collated) is IndexedBatch and torch.equal(collated.indices, torch.stack([indices, indices]))
+
+
+def test_a_pytree_batch_carries_its_rows_through_lightning_pickle_and_pin_memory(path, monkeypatch):
+    loader = PyTreeLoader(path, 8, seed=2, fields=["label", "score", "boxes"], prefetch=0)
+    batch = next(iter(loader))
+    assert isinstance(batch, PyTreeBatch) and isinstance(batch, dict) and batch.sources is None
+    assert sorted(batch) == ["boxes", "label", "score"] and batch == batch.tree and type(batch.tree) is dict
+    assert torch.equal(batch["label"], batch.indices % 3)
+    _check_moved(batch)
+    meta = batch.to("meta")
+    assert type(meta) is type(batch) and meta.indices.device.type == "meta" and meta["score"].device.type == "meta"
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor, *args: tensor * 1)
+    pinned = torch.utils.data._utils.pin_memory.pin_memory(batch)
+    assert type(pinned) is type(batch) and _form(pinned) == _form(batch) and pinned.indices is not batch.indices
+
+
+def test_pytree_batch_roots_of_every_container_kind(tmp_path):
+    """A tuple or list root is the batch's own kind; a bare-value root stays bare (rows: return_indices=True)."""
+    tuples = tbl_format.write(((i, f"s{i}") for i in range(10)), tmp_path / "tuples.tbl")
+    batch = next(iter(PyTreeLoader(tuples, 4, seed=1, backend="numpy", prefetch=0)))
+    assert isinstance(batch, tuple) and isinstance(batch, PyTreeBatch) and len(batch) == 2
+    numbers, strings = batch
+    assert strings == [f"s{i}" for i in batch.indices.tolist()] and np.array_equal(numbers, batch.indices)
+    assert _form(pickle.loads(pickle.dumps(batch))) == _form(batch)
+    lists = tbl_format.write(([i, 2 * i] for i in range(10)), tmp_path / "lists.tbl")
+    batch = PyTreeDataset(lists).get_batch([7, 2])
+    assert isinstance(batch, list) and isinstance(batch, PyTreeBatch) and batch.indices.tolist() == [7, 2]
+    assert [v.tolist() for v in batch] == [[7, 2], [14, 4]]
+    bare = tbl_format.write((i * 3 for i in range(10)), tmp_path / "bare.tbl")
+    plain = next(iter(PyTreeLoader(bare, 4, seed=1, backend="numpy", prefetch=0)))
+    assert type(plain) is np.ndarray
+    tree, indices = next(iter(PyTreeLoader(bare, 4, seed=1, backend="numpy", prefetch=0, return_indices=True)))
+    assert np.array_equal(tree, plain) and np.array_equal(tree, indices * 3)
+
+
+def test_get_batch_indices_are_dataset_rows(path):
+    """Through a subset, ``indices`` are the dataset's rows (as a loader's are), and never the caller's array."""
+    ds = PyTreeDataset(path, fields=["label", "score"], rows=range(5, 20))
+    asked = np.array([0, 3, -1], dtype=np.int64)
+    batch = ds.get_batch(asked)
+    assert batch.indices.tolist() == [5, 8, 19] and batch["score"].tolist() == [5 / 4, 8 / 4, 19 / 4]
+    whole = PyTreeDataset(path, fields=["label"])
+    own = whole.get_batch(asked[:2])
+    asked[0] = 9
+    assert own.indices.tolist() == [0, 3]
+    tensors = next(iter(DataLoader(whole, batch_size=6, collate_fn=collate_tensors)))
+    assert isinstance(tensors, PyTreeBatch) and torch.equal(tensors.indices, torch.arange(6))
+    assert torch.equal(tensors["label"], tensors.indices % 3)
+
+
+def test_mix_of_pytree_and_of_token_sources_carries_sources_and_rows(path, tmp_path):
+    """Every Mix batch names each sample's source and its row there, as the pair form does."""
+    def pytree_mix(**kw):
+        return Mix([PyTreeDataset(path, fields=["label", "score"]), PyTreeDataset(path, fields=["label", "score"])],
+                   weights=(0.5, 0.5), epoch_size=16, batch_size=8, seed=4, prefetch=0, **kw)
+
+    with pytree_mix() as mix, pytree_mix(return_sources=True) as pairs:
+        for batch, (tree, sources) in zip(mix, pairs, strict=True):
+            assert isinstance(batch, PyTreeBatch) and np.array_equal(batch.sources, sources)
+            assert set(sources.tolist()) <= {0, 1} and np.array_equal(batch["score"], batch.indices / 4.0)
+            assert _form(batch) == _form(tree)  # the pair form's batch is the same batch
+    tokens = [write_tokens([np.arange(k * 100, k * 100 + 60, dtype=np.int32)], tmp_path / f"t{k}") for k in (1, 2)]
+    datasets = [TokenDataset(t, 4, backend="numpy") for t in tokens]
+    with Mix(datasets, weights=(0.5, 0.5), epoch_size=12, batch_size=6, seed=2, prefetch=0) as mix:
+        batch = next(iter(mix))
+    assert set(batch.sources.tolist()) == {0, 1}
+    for row, source, window in zip(batch.tokens, batch.sources.tolist(), batch.indices.tolist(), strict=True):
+        assert row[0] // 100 == source + 1  # from the source it names
+        assert np.array_equal(row, datasets[source].get_batch([window]).tokens[0])  # ... its window there
 
 
 def test_dataloader_collate_identity_and_pin_memory(path, monkeypatch):

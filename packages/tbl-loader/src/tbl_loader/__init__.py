@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import conversion, errors, host, image, pytree, source, stream, tokens
 from .conversion import convert
 from .errors import LoaderError
-from .host.batch import Batch
+from .host.batch import Batch, PyTreeBatch
 from .image import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -28,7 +28,7 @@ from .mix import Mix
 from .pytree import Masked, Padded, PyTreeDataset, PyTreeLoader, collate_identity, collate_tensors
 from .source.upload import upload_dataset
 from .stream.schedule import Schedule
-from .tokens import TokenDataset, TokenLoader, write_tokens
+from .tokens import TokenBatch, TokenDataset, TokenLoader, write_tokens
 from .version import __version__
 
 __all__ = [
@@ -42,10 +42,12 @@ __all__ = [
     "Masked",
     "Mix",
     "Padded",
+    "PyTreeBatch",
     "PyTreeDataset",
     "PyTreeLoader",
     "RandomResizedCrop",
     "Schedule",
+    "TokenBatch",
     "TokenDataset",
     "TokenLoader",
     "__version__",

@@ -87,10 +87,12 @@ token sources.
 
 A batch is the sources' batches for its positions, concatenated in schedule
 order: arrays and tensors along the first axis, lists joined, dicts / tuples /
-``Batch`` / ``TokenBatch`` leaf by leaf (``Padded`` leaves have per-batch widths: use
-``var="list"`` sources). An image batch (:class:`~tbl_loader.Batch`) carries ``batch.sources``, the int64 source index of
-every sample (a tensor on a torch batch); ``return_sources=True`` yields ``(batch, sources)`` with
-``sources`` as a numpy array, for every kind of source.
+``Batch`` / ``PyTreeBatch`` / ``TokenBatch`` leaf by leaf (``Padded`` leaves have per-batch widths: use
+``var="list"`` sources). Every batch (:class:`~tbl_loader.Batch`, :class:`~tbl_loader.PyTreeBatch`,
+:class:`~tbl_loader.TokenBatch`) carries ``batch.indices``, each sample's row in its source, and
+``batch.sources``, the int64 source index of every sample (tensors on a torch batch);
+``return_sources=True`` yields ``(batch, sources)`` pairs instead, ``sources`` a numpy array (what a
+source of bare-value samples needs).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ from typing import Any
 import numpy as np
 
 from .errors import MixError, ScheduleChangedError
-from .host.batch import Batch
+from .host.batch import Batch, PyTreeBatch, pytree_batch
 from .host.pipeline import refuse_dataloader_workers
 from .host.producer import Producer
 from .image.loader import ImageLoader
@@ -495,7 +497,7 @@ def _make(sources: list[Any], lookup: Any, plan: BatchPlan) -> tuple[Any, np.nda
     inverse = np.empty_like(placement)
     inverse[placement] = np.arange(placement.shape[0])
     batch = _join(parts, inverse)
-    if isinstance(batch, Batch):  # the source of every sample, beside its row (indices), on the same backend
+    if isinstance(batch, (Batch, PyTreeBatch, TokenBatch)):  # each sample's source beside its row, same backend
         batch.sources = _like(src.copy(), batch.indices)
     return batch, src
 
@@ -519,6 +521,8 @@ def _join(parts: list[Any], inverse: np.ndarray) -> Any:
     if isinstance(first, TokenBatch):  # field by field: tokens, window numbers, boundary fields
         return TokenBatch(**{f.name: _join([getattr(p, f.name) for p in parts], inverse)
                              for f in dataclasses.fields(TokenBatch)})
+    if isinstance(first, PyTreeBatch):  # the pytree leaf by leaf, and the rows
+        return pytree_batch(_join([p.tree for p in parts], inverse), _join([p.indices for p in parts], inverse))
     if isinstance(first, Padded):
         raise MixError("Padded leaves cannot be joined across sources (their widths differ): use var='list'")
     if isinstance(first, dict):

@@ -9,7 +9,7 @@ each stage's time for ``loader.stats()``.
 
 from __future__ import annotations
 
-from .batch import Batch
+from .batch import Batch, PyTreeBatch, pytree_batch
 from .output import OUTPUT_DTYPES, HostArray, OutputSpec, allocate_host
 from .pipeline import BatchSource, HostLoader, HostPipeline, refuse_dataloader_workers
 from .producer import Producer
@@ -26,9 +26,11 @@ __all__ = [
     "OUTPUT_DTYPES",
     "OutputSpec",
     "Producer",
+    "PyTreeBatch",
     "StageStats",
     "TransformStage",
     "allocate_host",
+    "pytree_batch",
     "refuse_dataloader_workers",
     "shared_loop",
 ]

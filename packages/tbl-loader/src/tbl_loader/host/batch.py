@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Batch", "host_indices", "map_tensors"]
+__all__ = ["Batch", "PyTreeBatch", "host_indices", "map_tensors", "pytree_batch"]
 
 
 @dataclass(init=False, eq=False, repr=False)
@@ -116,12 +116,91 @@ class Batch:
                 f"indices={_shape(self.indices)}{extra}{fields})")
 
 
+class PyTreeBatch:
+    """A batch of sample pytrees: the collated pytree itself, plus where its rows came from.
+
+    What :class:`~tbl_loader.PyTreeLoader`, ``PyTreeDataset.get_batch`` and a :class:`~tbl_loader.Mix` of pytree
+    sources yield. It *is* the collated pytree's root container (a :class:`PyTreeDict`, :class:`PyTreeList` or
+    :class:`PyTreeTuple`: a ``dict``, ``list`` or ``tuple`` subclass), so ``batch["x"]``, ``x, y = batch`` and
+    ``isinstance(batch, dict)`` work as on the plain collated pytree, and it carries, as an image
+    :class:`Batch` does:
+
+    - ``indices``: the dataset row of every sample (int64; a tensor on a torch batch);
+    - ``sources``: the source of every sample in a Mix batch (int64, like ``indices``), else None.
+
+    ``tree``: the plain root container (no attributes). ``.to()`` / ``.pin_memory()`` / ``map_tensors()`` return
+    the same kind with ``indices`` and ``sources`` kept: what Lightning's ``move_data_to_device`` calls (a generic
+    rebuild of a dict, list or tuple subclass from its items alone would drop them). A dataset whose samples are
+    bare values (no container at the root) has batches that are bare values too: their rows come with
+    ``PyTreeLoader(return_indices=True)``.
+    """
+
+    __slots__ = ()
+    indices: Any
+    sources: Any
+
+    @property
+    def tree(self) -> Any:
+        return _PLAIN[type(self)](self)
+
+    def map_tensors(self, function: Callable[[Any], Any]) -> Any:
+        """The same kind of batch with ``function`` applied to every torch tensor it carries."""
+        return pytree_batch(map_tensors(function, self.tree), map_tensors(function, self.indices),
+                            map_tensors(function, self.sources))
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:
+        """Every tensor moved with ``tensor.to(*args, **kwargs)``; numpy values stay where they are."""
+        return self.map_tensors(lambda t: t.to(*args, **kwargs))
+
+    def pin_memory(self, *args: Any) -> Any:
+        """Every tensor in pinned memory."""
+        return self.map_tensors(lambda t: t.pin_memory(*args))
+
+
+class PyTreeDict(PyTreeBatch, dict):
+    """A :class:`PyTreeBatch` whose pytree root is a dict."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        dict.__init__(self, *args, **kwargs)
+        self.indices = self.sources = None
+
+
+class PyTreeList(PyTreeBatch, list):
+    """A :class:`PyTreeBatch` whose pytree root is a list."""
+
+    def __init__(self, *args: Any) -> None:
+        list.__init__(self, *args)
+        self.indices = self.sources = None
+
+
+class PyTreeTuple(PyTreeBatch, tuple):
+    """A :class:`PyTreeBatch` whose pytree root is a tuple."""
+
+    def __init__(self, *args: Any) -> None:
+        self.indices = self.sources = None
+
+
+_PLAIN = {PyTreeDict: dict, PyTreeList: list, PyTreeTuple: tuple}
+_WRAPPED = {dict: PyTreeDict, list: PyTreeList, tuple: PyTreeTuple}
+
+
+def pytree_batch(tree: Any, indices: Any, sources: Any = None) -> Any:
+    """``tree`` (a collated pytree) as a :class:`PyTreeBatch` carrying ``indices`` and ``sources``; a bare value
+    (a dataset of samples with no container at the root) is returned as it is."""
+    kind = _WRAPPED.get(type(tree))
+    if kind is None:
+        return tree
+    batch = kind(tree)
+    batch.indices, batch.sources = indices, sources
+    return batch
+
+
 def map_tensors(function: Callable[[Any], Any], value: Any) -> Any:
-    """``value`` with ``function`` applied to each torch tensor in it, through Batch, dicts, lists, tuples and
-    named tuples (Padded, Masked); everything else is returned as it is."""
+    """``value`` with ``function`` applied to each torch tensor in it, through Batch, PyTreeBatch, dicts, lists,
+    tuples and named tuples (Padded, Masked); everything else is returned as it is."""
     if type(value).__module__.startswith("torch") and _is_tensor(value):
         return function(value)
-    if isinstance(value, Batch):
+    if isinstance(value, (Batch, PyTreeBatch)):
         return value.map_tensors(function)
     if isinstance(value, dict):
         return {k: map_tensors(function, v) for k, v in value.items()}

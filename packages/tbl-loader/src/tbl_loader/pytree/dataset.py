@@ -33,6 +33,7 @@ import numpy as np
 import tbl_format
 from tbl_format import DEFAULT_MAX_OPEN
 
+from ..host.batch import PyTreeBatch, pytree_batch
 from ..source.storage import is_url
 from ..source.verify import verify_mode
 from ..stream.subset import resolve_rows
@@ -130,7 +131,11 @@ def collate_tensors(batch: Any) -> Any:
     zero-copy: the collated arrays are fresh and writable)."""
     from torch.utils.data import default_convert  # only this collate_fn needs torch
 
-    return default_convert(collate_identity(batch))
+    collated = collate_identity(batch)
+    if isinstance(collated, PyTreeBatch):  # converted as its plain pytree: a rebuild from items drops .indices
+        return pytree_batch(default_convert(collated.tree), default_convert(collated.indices),
+                            default_convert(collated.sources))
+    return default_convert(collated)
 
 
 class PyTreeDataset:
@@ -283,7 +288,8 @@ class PyTreeDataset:
         return self._item(i)
 
     def get_batch(self, indices: Any, format: str = "pytree") -> Any:
-        """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring).
+        """Rows ``indices`` (ints, negative from the end) as one collated pytree (see the module docstring): a
+        :class:`~tbl_loader.PyTreeBatch` whose ``indices`` are the dataset rows read.
 
         Args:
             indices: row indices, a ``range`` or a ``slice``-made range.
@@ -296,24 +302,18 @@ class PyTreeDataset:
         source = self._ensure()
         if format == "arrow":
             return self._arrow_batch(source, indices)
-        collator = self._collator
-        if self._rows is not None or self._verify == "lazy":
-            rows = as_indices(indices, self._len)
-            if self._rows is not None:
-                rows = np.ascontiguousarray(self._rows[rows])
-            if self._verify == "lazy":
-                source.dataset.verify_rows(rows.tolist(), list(collator.paths))
-            return collator.batch(source, rows)
-        if not isinstance(indices, range):
-            idx = np.asarray(indices)
-            if idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous:
-                # Common case first: the kernel and the row reader check every index themselves
-                # (IndexError before anything is written). Negative or bad rows take the full path.
-                try:
-                    return collator.batch(source, idx)
-                except IndexError:
-                    pass
-        return collator.batch(source, as_indices(indices, self._len))
+        rows = self._batch_rows(indices)
+        if self._verify == "lazy":
+            source.dataset.verify_rows(rows.tolist(), list(self._collator.paths))
+        return pytree_batch(self._collator.batch(source, rows), rows)
+
+    def _batch_rows(self, indices: Any) -> np.ndarray:
+        """The dataset rows of positions ``indices``: a contiguous int64 array of the batch's own (IndexError for a
+        position out of range)."""
+        rows = as_indices(indices, self._len)
+        if self._rows is not None:
+            return np.ascontiguousarray(self._rows[rows])
+        return rows.copy() if np.shares_memory(rows, np.asarray(indices)) else rows
 
     def _arrow_batch(self, source: RowSource, indices: Any) -> Any:
         if isinstance(indices, slice):

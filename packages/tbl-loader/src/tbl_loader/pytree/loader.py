@@ -21,6 +21,7 @@ import numpy as np
 
 import tbl_format
 
+from ..host.batch import pytree_batch
 from ..host.output import HostArray, OutputSpec, allocate_host
 from ..host.pipeline import HostLoader, HostPipeline
 from ..host.stats import StageStats
@@ -73,9 +74,11 @@ class PyTreeLoader(HostLoader):
     as ``(B,)`` / ``(B, *shape)`` torch tensors (numpy arrays with
     ``backend="numpy"``) living in the loader's buffer ring, variable-size leaves
     as lists (``var="list"``: ``str``, ``bytes``, or one tensor / array per row) or
-    :class:`~tbl_loader.pytree.batch.Padded` pairs (``var="pad"``). With
-    ``return_indices=True`` each item is an :class:`~tbl_loader.pytree.IndexedBatch` ``(batch, indices)``,
-    indices int64 (``item.indices``).
+    :class:`~tbl_loader.pytree.batch.Padded` pairs (``var="pad"``). The batch is a
+    :class:`~tbl_loader.PyTreeBatch`: the collated pytree's own root (a dict, list or tuple) carrying
+    ``batch.indices``, the dataset row of every sample (int64), as an image batch does.
+    ``return_indices=True`` yields :class:`~tbl_loader.pytree.IndexedBatch` pairs ``(pytree, indices)``
+    instead: the one way to get the rows of a dataset whose samples are bare values.
 
     ``shuffle``, ``seed``, ``drop_last``, ``rank`` / ``world_size``, ``padding``,
     ``set_epoch``, ``state_dict`` / ``load_state_dict``, ``prefetch`` (batches
@@ -174,9 +177,9 @@ class PyTreeLoader(HostLoader):
             for leaf, col in zip(collator.var, var_columns, strict=True):
                 values[leaf.slot] = self._convert(col) if torch_out else col
         batch = collator.build(values)
-        if not self.return_indices:
-            return batch
-        return IndexedBatch(batch, self._indices(plan))
+        if self.return_indices:
+            return IndexedBatch(batch, self._indices(plan))
+        return pytree_batch(batch, self._indices(plan))
 
     def _convert(self, col: Any) -> Any:
         """Variable-size values as torch objects: arrays become tensors (moved to ``device``), the rest stays."""

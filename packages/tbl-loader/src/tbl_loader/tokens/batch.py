@@ -22,6 +22,8 @@ class TokenBatch:
     - ``cu_seqlens`` (int32, ``(B, T + 1)``): each row's segment starts then ``T``, padded with ``T``
       (row b's segments: ``cu_seqlens[b, :k + 1]`` with ``k = (cu_seqlens[b] < T).sum()``);
     - ``loss_mask`` (bool): ``y`` is a target of ``x``: same document, not padding, and stored mask 1.
+
+    ``sources``: the source of every row in a :class:`~tbl_loader.Mix` batch (int64, like ``indices``), else None.
     """
 
     tokens: Any
@@ -30,3 +32,4 @@ class TokenBatch:
     document_ids: Any = None
     cu_seqlens: Any = None
     loss_mask: Any = None
+    sources: Any = None
