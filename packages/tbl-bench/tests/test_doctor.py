@@ -134,3 +134,25 @@ def test_a_url_with_a_one_shard_cache_is_bound_by_read(tmp_path):
     assert report["bound"] == "read"  # a download, fsync and map a batch: several times the kernel's work
     assert "cache_limit" in report["advice"][0]["change"]
     assert report["ceilings"]["read"]["bytes_per_s"] == cache["bytes_downloaded"] / cache["download_seconds"]
+
+
+def test_a_url_bound_by_downloads_predicts_from_a_warm_run_of_its_cached_rows(tmp_path):
+    """The prediction for a cache that holds the dataset is measured: the same loader over the rows whose shards
+    the run left cached (no download), which runs faster than the download-bound run did."""
+    pytest.importorskip("obstore", reason="the remote extra (tbl-loader[remote]) is not installed")
+    from tbl_loader import upload_dataset
+
+    rng = np.random.default_rng(1)
+    samples = [{"image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "label": np.int64(i % 3)}
+               for i in range(128)]
+    local = tbl_format.write(samples, tmp_path / "local", shard_rows=8)
+    url = (tmp_path / "store").resolve().as_uri() + "/ds/"
+    upload_dataset(local, url, storage_options={"mkdir": True})
+    shard = max(f.stat().st_size for f in local.glob("*.tbl"))
+    report = diagnose(url, batch_size=4, shuffle=False, seconds=SECONDS, cache_dir=tmp_path / "cache",
+                      cache_limit=8 * shard)
+    assert report["bound"] == "read"
+    warm = report["measured"]["warm_batches_per_s"]
+    assert warm is not None and warm > report["measured"]["batches_per_s"]
+    assert report["advice"][0]["predicted_batches_per_s"] == warm
+

@@ -10,7 +10,9 @@ read speed of the dataset's files (for a URL: the download speed the run got),
 and for JPEG storage the decode speed of all cores. It prints the time per
 batch of every stage, how far the loader is from each ceiling, the stage that
 bounds throughput, and what to change, with the throughput predicted after the
-change where a measurement supports a prediction.
+change where a measurement supports a prediction. A URL bound by its downloads
+is measured a second time over the rows whose shards the run left cached (a few
+seconds more): that is the prediction for a cache that holds the dataset.
 
 How the bound stage is named. The producer thread runs read, decode, kernel
 and the user's transform one after the other; the consumer runs the training
@@ -91,7 +93,8 @@ def _describe(path: str, remote: bool, cache_dir: Any, cache_limit: Any) -> dict
 
 
 def _make_loader(path: str, storage: str, *, batch_size: int, image_size: int | None, threads: int | None,
-                 dtype: str, prefetch: int, shuffle: Any, transform: Any, remote: dict[str, Any]) -> Any:
+                 dtype: str, prefetch: int, shuffle: Any, transform: Any, remote: dict[str, Any],
+                 rows: Any = None) -> Any:
     from tbl_loader import ImageLoader, PyTreeLoader, RandomResizedCrop
 
     if storage == "pytree":
@@ -99,11 +102,11 @@ def _make_loader(path: str, storage: str, *, batch_size: int, image_size: int | 
             given = [name for name, value in (("image_size", image_size), ("threads", threads),
                                               ("transform", transform)) if value is not None]
             raise DoctorError("applies to image datasets only (this one has no 'image' leaf)", given[0])
-        return PyTreeLoader(path, batch_size, shuffle=shuffle, prefetch=prefetch, **remote)
+        return PyTreeLoader(path, batch_size, shuffle=shuffle, prefetch=prefetch, rows=rows, **remote)
     size = image_size if image_size is not None else (None if storage == "fixed" else 224)
     crop = RandomResizedCrop(size) if size is not None else None
     return ImageLoader(path, batch_size, shuffle=shuffle, random_resized_crop=crop, hflip=0.5, dtype=dtype,
-                       num_threads=threads, prefetch=prefetch, transform=transform, **remote)
+                       num_threads=threads, prefetch=prefetch, transform=transform, rows=rows, **remote)
 
 
 def _touch(batch: Any) -> None:
@@ -165,6 +168,34 @@ def _run_loader(loader: Any, seconds: float, consume: Any, progress: bool) -> tu
     return _delta(after, before), wall, out_bytes
 
 
+def _cached_rows(path: str, cache_dir: Any, cache_limit: Any) -> list[int]:
+    """The rows of a URL dataset whose shards are in the local cache now."""
+    from tbl_loader.source import open_remote
+
+    with open_remote(path, cache_dir=cache_dir, cache_limit=cache_limit) as remote:
+        rows, start = [], 0
+        for entry in remote.shard_entries:
+            count = int(entry["rows"] or 0)
+            if count and (remote.local_dir / entry["file"]).is_file():
+                rows.extend(range(start, start + count))
+            start += count
+    return rows
+
+
+def _warm_rate(make: Any, rows: list[int], batch_size: int, seconds: float, consume: Any) -> float | None:
+    """Batches per second of the same loader over ``rows`` (shards already cached: nothing to download), or None
+    when they hold too few batches to measure. What every epoch runs at once the cache holds the dataset: the
+    cold run's other stages are no guide to it, since its downloads contend with them (for the GIL, the cores)."""
+    if len(rows) < (WARMUP_BATCHES + 4) * batch_size:
+        return None
+    loader = make(rows)
+    try:
+        delta, wall, _ = _run_loader(loader, seconds, consume, False)
+    finally:
+        loader.close()
+    return delta["batches"] / wall if delta["batches"] else None
+
+
 def _read_ceiling(files: list[Path]) -> dict[str, Any]:
     """Bytes per second reading the dataset's files as the OS serves them now (page cache or disk)."""
     done, buf = 0, bytearray(8 << 20)
@@ -213,8 +244,12 @@ def _nbytes(batch: Any) -> int:
 
 
 def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: int, cores: int,
-            decode_ceiling: dict[str, Any] | None, batch_size: int, is_remote: bool) -> list[dict[str, Any]]:
-    """What to change for the ``bound`` stage, first the change with the best-supported prediction."""
+            decode_ceiling: dict[str, Any] | None, batch_size: int, is_remote: bool,
+            warm_rate: float | None = None) -> list[dict[str, Any]]:
+    """What to change for the ``bound`` stage, first the change with the best-supported prediction.
+
+    ``warm_rate``: for a URL bound by its downloads, the batches per second the same loader measured over the
+    rows already cached (the prediction for a cache that holds the dataset), None when not measured."""
     producer = sum(per_batch[s] for s in PRODUCER_STAGES)
     consumer = sum(per_batch[s] for s in CONSUMER_STAGES)
 
@@ -249,16 +284,17 @@ def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: i
     elif bound == "read":
         if is_remote:
             out.append({"change": "raise cache_limit to hold the dataset (later epochs read the cache), or raise "
-                                  "the store's bandwidth", "predicted_batches_per_s": predicted(read=0.0)})
+                                  "the store's bandwidth",
+                        "predicted_batches_per_s": warm_rate if warm_rate is not None else predicted(read=0.0)})
         else:
             out.append({"change": "the files are read from disk: keep the dataset in RAM (page cache) or use "
                                   "shuffle='block' for datasets larger than memory", "predicted_batches_per_s": None})
     elif bound == "device_copy":
         out.append({"change": "pin_memory=True (copies from pinned buffers overlap the step)",
                     "predicted_batches_per_s": None})
-    else:  # consumer
+    else:  # consumer: a faster loader changes nothing, the training step keeps its pace
         out.append({"change": "nothing on the data side: the loader keeps ahead of the training step",
-                    "predicted_batches_per_s": None})
+                    "predicted_batches_per_s": predicted()})
     if storage == "pytree" and bound in ("kernel", "read"):
         out.append({"change": "select fewer leaves (leaves=[...])", "predicted_batches_per_s": None})
     return out
@@ -294,8 +330,11 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     info = _describe(path, remote, cache_dir, cache_limit)
     storage = info["storage"]
     cores = _cores()
-    loader = _make_loader(path, storage, batch_size=batch_size, image_size=image_size, threads=threads, dtype=dtype,
-                          prefetch=prefetch, shuffle=shuffle, transform=transform, remote=remote_options)
+    def make(rows: Any = None) -> Any:
+        return _make_loader(path, storage, batch_size=batch_size, image_size=image_size, threads=threads, dtype=dtype,
+                            prefetch=prefetch, shuffle=shuffle, transform=transform, remote=remote_options, rows=rows)
+
+    loader = make()
     try:
         delta, wall, out_bytes = _run_loader(loader, seconds, consume or _touch, progress)
     finally:
@@ -312,6 +351,10 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     else:
         bound = max(CONSUMER_STAGES, key=lambda k: per_batch[k])
     measured = delta["batches"] / wall
+    warm = None  # a URL bound by its downloads: the same loader measured again over what is cached now
+    if remote and bound == "read":
+        warm = _warm_rate(make, _cached_rows(path, cache_dir, cache_limit), batch_size, min(seconds, 3.0),
+                          consume or _touch)
 
     ceilings: dict[str, Any] = {}
     copy_gbps = memory_copy_bandwidth(max(out_bytes, 64 << 20), repeats=3)
@@ -344,12 +387,13 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
                    "prefetch": prefetch, "shuffle": shuffle, "transform": transform is not None},
         "machine": {"cores": cores},
         "measured": {"seconds": wall, "batches": delta["batches"], "batches_per_s": measured,
-                     "samples_per_s": delta["samples"] / wall, "cache": delta["cache"]},
+                     "samples_per_s": delta["samples"] / wall, "cache": delta["cache"],
+                     "warm_batches_per_s": warm},
         "per_batch_seconds": per_batch,
         "ceilings": ceilings,
         "bound": bound,
         "advice": _advice(bound, per_batch, storage=storage, threads=used_threads, cores=cores,
-                          decode_ceiling=decode, batch_size=batch_size, is_remote=remote),
+                          decode_ceiling=decode, batch_size=batch_size, is_remote=remote, warm_rate=warm),
     }
 
 

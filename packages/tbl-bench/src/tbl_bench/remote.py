@@ -71,6 +71,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from tbl_bench.remote_child import COUNTER_PATH
@@ -111,10 +112,43 @@ class _ByteCounter:
                 close()
 
 
-class _S3Server:
-    """moto's S3 server on 127.0.0.1 in a thread, behind :class:`_ByteCounter`."""
+class _Throttle:
+    """WSGI wrapper: the GET answers of ``app`` share ``bytes_per_s`` (a store behind a slow link)."""
 
-    def __init__(self) -> None:
+    PIECE = 256 << 10  # sent at a time: an answer of one large chunk still flows at the rate
+
+    def __init__(self, app, bytes_per_s: float) -> None:
+        self.app = app
+        self.rate = float(bytes_per_s)
+        self._free_at = 0.0  # when the link has sent everything handed to it so far
+        self._lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        body = self.app(environ, start_response)
+        return self._paced(body) if environ.get("REQUEST_METHOD") == "GET" else body
+
+    def _paced(self, body):
+        try:
+            for chunk in body:
+                for at in range(0, len(chunk), self.PIECE):
+                    piece = chunk[at:at + self.PIECE]
+                    with self._lock:
+                        now = time.monotonic()
+                        self._free_at = max(self._free_at, now) + len(piece) / self.rate
+                        due = self._free_at
+                    time.sleep(max(0.0, due - time.monotonic()))
+                    yield piece
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+
+class _S3Server:
+    """moto's S3 server on 127.0.0.1 in a thread, behind :class:`_ByteCounter` (and :class:`_Throttle` at
+    ``bytes_per_s`` when given)."""
+
+    def __init__(self, bytes_per_s: float | None = None) -> None:
         from moto.moto_server.werkzeug_app import (
             DomainDispatcherApplication,
             MotoRequestHandler,
@@ -123,7 +157,10 @@ class _S3Server:
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        app = _ByteCounter(DomainDispatcherApplication(create_backend_app))
+        app = DomainDispatcherApplication(create_backend_app)
+        if bytes_per_s is not None:
+            app = _Throttle(app, bytes_per_s)
+        app = _ByteCounter(app)
         self.server = make_server("127.0.0.1", _free_port(), app, threaded=True, request_handler=MotoRequestHandler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
