@@ -110,19 +110,24 @@ def test_registers_the_doctor_subcommand():
     assert callable(args.func)
 
 
-def test_a_url_with_a_one_shard_cache_is_bound_by_read(tmp_path):
-    """A URL (a file:// store) read in order through a cache that holds one shard of eight: every batch downloads
-    its shard, and the report carries what the measured run downloaded and the download speed it got."""
+def _url_dataset(tmp_path, *, rows, seed):
+    """A fixed-size image dataset of 8-row shards at a file:// URL: its local copy, the URL, the largest shard."""
     pytest.importorskip("obstore", reason="the remote extra (tbl-loader[remote]) is not installed")
     from tbl_loader import upload_dataset
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     samples = [{"image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "label": np.int64(i % 3)}
-               for i in range(64)]
+               for i in range(rows)]
     local = tbl_format.write(samples, tmp_path / "local", shard_rows=8)
     url = (tmp_path / "store").resolve().as_uri() + "/ds/"
     upload_dataset(local, url, storage_options={"mkdir": True})
-    shard = max(f.stat().st_size for f in local.glob("*.tbl"))
+    return local, url, max(f.stat().st_size for f in local.glob("*.tbl"))
+
+
+def test_a_url_with_a_one_shard_cache_is_bound_by_read(tmp_path):
+    """A URL (a file:// store) read in order through a cache that holds one shard of eight: every batch downloads
+    its shard, and the report carries what the measured run downloaded and the download speed it got."""
+    local, url, shard = _url_dataset(tmp_path, rows=64, seed=0)
     report = diagnose(url, batch_size=8, shuffle=False, seconds=SECONDS, cache_dir=tmp_path / "cache",
                       cache_limit=shard)
     cache = report["measured"]["cache"]
@@ -139,16 +144,7 @@ def test_a_url_with_a_one_shard_cache_is_bound_by_read(tmp_path):
 def test_a_url_bound_by_downloads_predicts_from_a_warm_run_of_its_cached_rows(tmp_path):
     """The prediction for a cache that holds the dataset is measured: the same loader over the rows whose shards
     the run left cached (no download), which runs faster than the download-bound run did."""
-    pytest.importorskip("obstore", reason="the remote extra (tbl-loader[remote]) is not installed")
-    from tbl_loader import upload_dataset
-
-    rng = np.random.default_rng(1)
-    samples = [{"image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "label": np.int64(i % 3)}
-               for i in range(128)]
-    local = tbl_format.write(samples, tmp_path / "local", shard_rows=8)
-    url = (tmp_path / "store").resolve().as_uri() + "/ds/"
-    upload_dataset(local, url, storage_options={"mkdir": True})
-    shard = max(f.stat().st_size for f in local.glob("*.tbl"))
+    local, url, shard = _url_dataset(tmp_path, rows=128, seed=1)
     report = diagnose(url, batch_size=4, shuffle=False, seconds=SECONDS, cache_dir=tmp_path / "cache",
                       cache_limit=8 * shard)
     assert report["bound"] == "read"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -192,8 +193,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case}: {rows[-1]}", file=sys.stderr)
     finally:
         server.stop()
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     print(f"tbl doctor on {cores} core(s), {args.images} photos, {args.seconds:g} s per diagnosis, "
           f"fetch link {args.bandwidth_mb:g} MB/s; one round")
