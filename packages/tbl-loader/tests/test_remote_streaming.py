@@ -529,3 +529,46 @@ def test_workers_open_the_dataset_their_parent_opened_without_asking_the_store(s
                 assert_tree_equal(g, w)
         remote.close()
         plain.close()
+
+
+def test_pytree_batch_rows_over_a_url_with_fields_resumed_and_in_spawn_workers(s3_server, local_rows, rows_url,
+                                                                               tmp_path):
+    """The batch object's ``.indices`` through the cells users combine: a URL within a quarter cache, ``fields=``,
+    a mid-epoch resume and DataLoader workers under spawn, each against the plain local loader."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from tbl_loader import PyTreeBatch, collate_tensors
+
+    fields = ["id", "x"]
+    opts = dict(batch_size=24, shuffle="block", seed=3, backend="numpy", fields=fields)
+    remote = dict(cache_dir=tmp_path / "loader", cache_limit=sum(_shard_bytes(local_rows)) // 4,
+                  storage_options=s3_server.storage_options)
+    with PyTreeLoader(local_rows, **opts) as plain:
+        want = list(plain)
+    with PyTreeLoader(rows_url, **opts, **remote) as first:
+        it = iter(first)
+        head = [next(it) for _ in range(7)]
+        state = first.state_dict()
+    with PyTreeLoader(rows_url, **opts, **remote) as resumed:
+        resumed.load_state_dict(state)
+        got = head + list(resumed)
+    assert len(got) == len(want) == -(-ROWS // 24)
+    for g, w in zip(got, want, strict=True):
+        assert isinstance(g, PyTreeBatch) and sorted(g) == sorted(fields)
+        assert np.array_equal(g.indices, w.indices) and np.array_equal(g["id"], g.indices)  # the rows they hold
+        assert np.array_equal(g["x"], w["x"])
+
+    ds = PyTreeDataset(rows_url, fields=fields, cache_dir=tmp_path / "workers", storage_options=s3_server.storage_options)
+    loader = DataLoader(ds, batch_size=32, shuffle=False, num_workers=2, collate_fn=collate_tensors,
+                        multiprocessing_context="spawn")
+    local = PyTreeDataset(local_rows, fields=fields)
+    seen = []
+    for start, batch in zip(range(0, ROWS, 32), loader, strict=True):
+        rows = np.arange(start, min(start + 32, ROWS))
+        assert isinstance(batch, PyTreeBatch) and torch.equal(batch.indices, torch.from_numpy(rows))
+        assert torch.equal(batch["x"], torch.from_numpy(local.get_batch(rows)["x"]))
+        seen.append(batch.indices)
+    assert torch.equal(torch.cat(seen), torch.arange(ROWS))
+    ds.close()
+    local.close()
