@@ -8,6 +8,7 @@ the downloads are counted.
 from __future__ import annotations
 
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -481,11 +482,15 @@ def test_a_streamed_dataset_downloads_ahead_of_its_reads(s3_server, local_rows, 
         hook._clients()[2].wait()
         assert hook.cache.downloads == 6  # and again: shard 50
         ds.read_ahead(range(len(sizes)))
-        threads = list(hook._clients()[2]._pool._threads)
+        fetcher = hook._clients()[2]
+        downloads = fetcher._pending.values
     finally:
         ds.close()
     # Closing the dataset stops its downloads ahead: none outlives it, reading a cache the caller may change.
-    assert threads and not any(t.is_alive() for t in threads)
+    assert list(downloads()) and all(f.done() for f in downloads())
+    downloaded = hook.counters.misses
+    time.sleep(0.3)
+    assert hook.counters.misses == downloaded  # and nothing queued runs later
 
 
 def test_a_local_dataset_ignores_read_ahead(local_rows):

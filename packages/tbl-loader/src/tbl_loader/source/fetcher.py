@@ -8,14 +8,24 @@ or downloading, with at most ``concurrency`` downloads at a time: bounded
 disk (``lookahead`` shards) and bounded connections. A download that fails is
 not retried here: the loader fetches the shard itself when it needs it and
 raises the error then, in the consumer's ``next()``.
+
+Every fetcher of a process downloads on one :class:`DownloadPool` (as many
+threads as the largest ``concurrency`` a live fetcher asked for), so a
+``Mix`` of 100 sources at URLs runs 4 download threads, not 400. A batch's own
+downloads go before downloads ahead, whichever source queued them; a read that
+finds its shard still queued ahead takes it back and downloads it itself.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import os
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -23,9 +33,11 @@ import numpy as np
 from ..errors import CacheThrashWarning
 from .cache import parse_size
 
-__all__ = ["Fetcher", "read_ahead_depth", "shards_in_read_order", "warn_if_shuffle_thrashes"]
+__all__ = ["DownloadPool", "Fetcher", "download_pool", "read_ahead_depth", "shards_in_read_order",
+           "warn_if_shuffle_thrashes"]
 
 SMALL_CACHE_LOOKAHEAD = 4  # shards kept downloaded ahead through a cache smaller than the dataset
+READ, AHEAD = 0, 1  # download priorities: a batch waiting for its shard first, then the downloads ahead
 
 
 def warn_if_shuffle_thrashes(shuffle: Any, shard_entries: Sequence[dict[str, Any]], cache_limit: Any,
@@ -73,6 +85,86 @@ def shards_in_read_order(segment_rows: Sequence[int], rows: Any) -> list[int]:
     return shards[np.sort(first)].tolist()
 
 
+class DownloadPool:
+    """Download threads shared by the fetchers of a process, taking queued work by priority, then in order.
+
+    Each fetcher :meth:`acquire`s it with the ``concurrency`` it wants and :meth:`release`s it on close;
+    the pool runs as many threads as the largest ``concurrency`` held, starts them as work arrives and
+    lets them end once no fetcher holds it, so a process with no open remote dataset has no download
+    thread. A fetcher's own ``concurrency`` is what it asks the pool for, not a limit of its own. A future cancelled while queued is dropped when its turn comes."""
+
+    def __init__(self) -> None:
+        self._held: Counter[int] = Counter()  # concurrency -> live fetchers that asked for it
+        self._order = itertools.count()
+        self._start_over()
+
+    def _start_over(self) -> None:
+        """No thread and nothing queued: a new pool, or this one in a forked child, where the parent's threads
+        do not run (what was queued is cancelled; the fetchers it inherited still hold it)."""
+        for _, _, future, _, _ in getattr(self, "_queue", []):
+            future.cancel()
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, int, Future, Callable[..., Any], tuple[Any, ...]]] = []
+        self._threads = 0
+        self._idle = 0
+
+    @property
+    def size(self) -> int:
+        """The threads the pool runs at most now: the largest ``concurrency`` held (0 when none is)."""
+        with self._cond:
+            return max(self._held, default=0)
+
+    def acquire(self, concurrency: int) -> None:
+        with self._cond:
+            self._held[concurrency] += 1
+
+    def release(self, concurrency: int) -> None:
+        with self._cond:
+            self._held[concurrency] -= 1
+            if self._held[concurrency] <= 0:
+                del self._held[concurrency]
+            self._cond.notify_all()  # idle threads beyond the new size (or all, with no holder) end
+
+    def submit(self, priority: int, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._cond:
+            heapq.heappush(self._queue, (priority, next(self._order), future, fn, args))
+            self._cond.notify()
+            if len(self._queue) > self._idle and self._threads < max(self._held, default=1):
+                self._threads += 1
+                threading.Thread(target=self._work, name="tbl-download", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self._threads > max(self._held, default=0):
+                        self._threads -= 1
+                        return
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                _, _, future, fn, args = heapq.heappop(self._queue)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+
+_pool = DownloadPool()
+
+
+def download_pool() -> DownloadPool:
+    """This process's :class:`DownloadPool`."""
+    return _pool
+
+
+os.register_at_fork(after_in_child=_pool._start_over)
+
+
 class Fetcher:
     """Prefetches shards in order (see the module docstring). ``fetch(k, wanted)`` downloads shard ``k`` into the
     cache without evicting the shards ``wanted`` (indices: see :meth:`wanted`; empty for a batch's own downloads)."""
@@ -82,7 +174,9 @@ class Fetcher:
             raise ValueError(f"need lookahead >= 0 and concurrency >= 1, got {lookahead}, {concurrency}")
         self._fetch = fetch
         self.lookahead = lookahead
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="tbl-fetcher")
+        self._concurrency = concurrency
+        self._pool = download_pool()
+        self._pool.acquire(concurrency)
         self._lock = threading.Lock()
         self._sequence: list[int] = []
         self._where: dict[int, int] = {}
@@ -124,7 +218,7 @@ class Fetcher:
             k = self._sequence[self._next]
             self._next += 1
             if k not in self._pending:
-                self._pending[k] = self._pool.submit(self._quiet_fetch, k, True)
+                self._pending[k] = self._pool.submit(AHEAD, self._quiet_fetch, k, True)
 
     def _quiet_fetch(self, k: int, ahead: bool) -> None:
         try:
@@ -135,25 +229,32 @@ class Fetcher:
             pass  # reported by the loader's own fetch of this shard, on the consumer's side
 
     def fetch_now(self, shards: list[int]) -> None:
-        """Download ``shards`` in parallel (up to ``concurrency`` at a time), joining downloads already under
-        way, and wait for all of them, however they end: a batch that reads many shards waits for the
-        slowest one instead of for their sum. Errors are left to the reader's own fetch, as above."""
+        """Download ``shards`` in parallel (up to ``concurrency`` at a time), before any download ahead, joining
+        downloads already under way, and wait for all of them, however they end: a batch that reads many
+        shards waits for the slowest one instead of for their sum. Errors are left to the reader's own
+        fetch, as above."""
         with self._lock:
             if self._closed:
                 return
             for k in shards:
-                if k not in self._pending or self._pending[k].done():
-                    self._pending[k] = self._pool.submit(self._quiet_fetch, k, False)
+                pending = self._pending.get(k)
+                # Queued ahead (behind other sources' downloads ahead, maybe): take it back, ask again first.
+                if pending is None or pending.done() or pending.cancel():
+                    self._pending[k] = self._pool.submit(READ, self._quiet_fetch, k, False)
             waiting = [self._pending[k] for k in shards]
         for f in waiting:
             if not f.cancelled():
                 f.exception()
 
     def join(self, k: int) -> None:
-        """If shard ``k``'s download is under way here, wait for it to end (however it ends): the reader then
-        finds the shard cached instead of queueing for its lock behind this process's own download."""
+        """If shard ``k``'s download is running here, wait for it to end (however it ends): the reader then
+        finds the shard cached instead of queueing for its lock behind this process's own download. One
+        still queued is taken back: the reader downloads it now, ahead of the queue."""
         with self._lock:
             pending = self._pending.get(k)
+            if pending is not None and pending.cancel():
+                del self._pending[k]
+                return
         if pending is not None and not pending.cancelled():
             pending.exception()
 
@@ -165,8 +266,13 @@ class Fetcher:
             f.exception()
 
     def close(self) -> None:
+        """Drop the downloads still queued and wait for those running to end (their files are whole then)."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            for f in self._pending.values():
-                f.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+            pending = list(self._pending.values())
+        running = [f for f in pending if not f.cancel()]
+        for f in running:
+            f.exception()
+        self._pool.release(self._concurrency)
