@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -708,3 +709,54 @@ def test_the_fetcher_wants_the_shards_from_the_reads_to_its_last_download():
         assert fetcher.wanted() == [1, 2]
     finally:
         fetcher.close()
+
+
+def test_fetchers_share_one_download_pool_and_reads_go_first():
+    """Twenty fetchers (a Mix of twenty URL sources) download on the pool's 4 threads, not 80; a read queued
+    behind their downloads ahead runs before them, and the threads end when the last fetcher closes."""
+    import threading
+
+    from tbl_loader.source.fetcher import Fetcher, download_pool
+
+    def names() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "tbl-download"}
+
+    before, held = names(), download_pool().size
+    gate, order, lock = threading.Event(), [], threading.Lock()
+
+    def fetch(k, wanted):
+        gate.wait(10)
+        with lock:
+            order.append(k)
+
+    fetchers = [Fetcher(fetch, lookahead=3, concurrency=4) for _ in range(20)]
+    try:
+        for i, f in enumerate(fetchers):
+            f.schedule([100 * i + j for j in range(3)])  # 60 downloads ahead queued, 4 of them running
+        reader = threading.Thread(target=fetchers[-1].fetch_now, args=([7],))
+        reader.start()
+        time.sleep(0.2)
+        assert len(names() - before) == 4
+        gate.set()
+        reader.join(10)
+        for f in fetchers:
+            f.wait()
+        assert len(order) == 61 and order.index(7) < 12  # not behind the 56 ahead still queued when it came
+        queued = fetchers[0]
+        queued.lookahead = 5
+        gate.clear()
+        queued.schedule([900, 901, 902, 903, 904])  # 4 block on the gate, 904 waits in the queue
+        time.sleep(0.2)
+        queued.join(904)  # still queued: taken back at once, for the reader to download itself
+        assert 904 not in queued._pending
+        gate.set()
+    finally:
+        gate.set()
+        for f in fetchers:
+            f.close()
+    end = time.monotonic() + 10
+    while names() - before and time.monotonic() < end:
+        time.sleep(0.01)
+    assert download_pool().size == held  # these fetchers no longer hold it ...
+    if held == 0:
+        assert not names() - before  # ... and with no other holder, its threads are gone
