@@ -91,7 +91,8 @@ class DownloadPool:
     Each fetcher :meth:`acquire`s it with the ``concurrency`` it wants and :meth:`release`s it on close;
     the pool runs as many threads as the largest ``concurrency`` held, starts them as work arrives and
     lets them end once no fetcher holds it, so a process with no open remote dataset has no download
-    thread. A fetcher's own ``concurrency`` is what it asks the pool for, not a limit of its own. A future cancelled while queued is dropped when its turn comes."""
+    thread. A fetcher's ``concurrency`` is what it asks the pool for, not a limit of its own. A future
+    cancelled while queued is dropped when its turn comes."""
 
     def __init__(self) -> None:
         self._held: Counter[int] = Counter()  # concurrency -> live fetchers that asked for it
@@ -100,9 +101,8 @@ class DownloadPool:
 
     def _start_over(self) -> None:
         """No thread and nothing queued: a new pool, or this one in a forked child, where the parent's threads
-        do not run (what was queued is cancelled; the fetchers it inherited still hold it)."""
-        for _, _, future, _, _ in getattr(self, "_queue", []):
-            future.cancel()
+        do not run. What the parent had queued is dropped without touching its futures (a lock of theirs may
+        have been held at the fork); the fetchers the child inherited still hold the pool."""
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, Future, Callable[..., Any], tuple[Any, ...]]] = []
         self._threads = 0
