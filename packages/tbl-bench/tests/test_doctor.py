@@ -141,11 +141,13 @@ def test_a_url_with_a_one_shard_cache_is_bound_by_read(tmp_path):
     assert report["ceilings"]["read"]["bytes_per_s"] == cache["bytes_downloaded"] / cache["download_seconds"]
 
 
-def test_a_url_bound_by_downloads_predicts_from_a_warm_run_of_its_cached_rows(tmp_path):
+@pytest.mark.parametrize("shuffle", [False, "block"])
+def test_a_url_bound_by_downloads_predicts_from_a_warm_run_of_its_cached_rows(tmp_path, shuffle):
     """The prediction for a cache that holds the dataset is measured: the same loader over the rows whose shards
-    the run left cached (no download), which runs faster than the download-bound run did."""
+    the run left cached (no download), which runs faster than the download-bound run did. A block order (the
+    usual one for a URL) is measured warm in a plain shuffle, since block does not take a subset of rows."""
     local, url, shard = _url_dataset(tmp_path, rows=128, seed=1)
-    report = diagnose(url, batch_size=4, shuffle=False, seconds=SECONDS, cache_dir=tmp_path / "cache",
+    report = diagnose(url, batch_size=4, shuffle=shuffle, seconds=SECONDS, cache_dir=tmp_path / "cache",
                       cache_limit=8 * shard)
     assert report["bound"] == "read"
     warm = report["measured"]["warm_batches_per_s"]

@@ -331,8 +331,11 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     storage = info["storage"]
     cores = _cores()
     def make(rows: Any = None) -> Any:
+        # Over cached rows (the warm measure) nothing is downloaded, so a block order, which only keeps reads
+        # within a few shards for the downloads' sake, gives way to a plain shuffle (block does not take rows=).
+        order = True if rows is not None and shuffle == "block" else shuffle
         return _make_loader(path, storage, batch_size=batch_size, image_size=image_size, threads=threads, dtype=dtype,
-                            prefetch=prefetch, shuffle=shuffle, transform=transform, remote=remote_options, rows=rows)
+                            prefetch=prefetch, shuffle=order, transform=transform, remote=remote_options, rows=rows)
 
     loader = make()
     try:
