@@ -168,6 +168,18 @@ def _run_loader(loader: Any, seconds: float, consume: Any, progress: bool) -> tu
     return _delta(after, before), wall, out_bytes
 
 
+def _rate_without_transform(make: Any, seconds: float, consume: Any) -> float | None:
+    """Batches per second of the same loader without the user's transform. Measured, not modelled: while a slow
+    transform spaces batches out, every other stage runs cold (thread pools asleep, caches evicted) and takes
+    about twice what it takes at full pace, so the stage times of the bound run overstate what remains."""
+    loader = make(with_transform=False)
+    try:
+        delta, wall, _ = _run_loader(loader, seconds, consume, False)
+    finally:
+        loader.close()
+    return delta["batches"] / wall if delta["batches"] else None
+
+
 def _cached_rows(path: str, cache_dir: Any, cache_limit: Any) -> list[int]:
     """The rows of a URL dataset whose shards are in the local cache now."""
     from tbl_loader.source import open_remote
@@ -245,11 +257,13 @@ def _nbytes(batch: Any) -> int:
 
 def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: int, cores: int,
             decode_ceiling: dict[str, Any] | None, batch_size: int, is_remote: bool,
-            warm_rate: float | None = None) -> list[dict[str, Any]]:
+            warm_rate: float | None = None, untransformed_rate: float | None = None) -> list[dict[str, Any]]:
     """What to change for the ``bound`` stage, first the change with the best-supported prediction.
 
     ``warm_rate``: for a URL bound by its downloads, the batches per second the same loader measured over the
-    rows already cached (the prediction for a cache that holds the dataset), None when not measured."""
+    rows already cached (the prediction for a cache that holds the dataset), None when not measured.
+    ``untransformed_rate``: for a loader bound by its transform, the batches per second the same loader measured
+    without it, None when not measured."""
     producer = sum(per_batch[s] for s in PRODUCER_STAGES)
     consumer = sum(per_batch[s] for s in CONSUMER_STAGES)
 
@@ -280,7 +294,9 @@ def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: i
                     "predicted_batches_per_s": None})
     elif bound == "transform":
         out.append({"change": "make the transform cheaper, or move its work to device_transform (runs after the "
-                              "copy to the GPU); without it", "predicted_batches_per_s": predicted(transform=0.0)})
+                              "copy to the GPU); without it",
+                    "predicted_batches_per_s": untransformed_rate if untransformed_rate is not None
+                    else predicted(transform=0.0)})
     elif bound == "read":
         if is_remote:
             out.append({"change": "raise cache_limit to hold the dataset (later epochs read the cache), or raise "
@@ -330,12 +346,13 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     info = _describe(path, remote, cache_dir, cache_limit)
     storage = info["storage"]
     cores = _cores()
-    def make(rows: Any = None) -> Any:
+    def make(rows: Any = None, with_transform: bool = True) -> Any:
         # Over cached rows (the warm measure) nothing is downloaded, so a block order, which only keeps reads
         # within a few shards for the downloads' sake, gives way to a plain shuffle (block does not take rows=).
         order = True if rows is not None and shuffle == "block" else shuffle
         return _make_loader(path, storage, batch_size=batch_size, image_size=image_size, threads=threads, dtype=dtype,
-                            prefetch=prefetch, shuffle=order, transform=transform, remote=remote_options, rows=rows)
+                            prefetch=prefetch, shuffle=order, transform=transform if with_transform else None,
+                            remote=remote_options, rows=rows)
 
     loader = make()
     try:
@@ -358,6 +375,9 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     if remote and bound == "read":
         warm = _warm_rate(make, _cached_rows(path, cache_dir, cache_limit), batch_size, min(seconds, 3.0),
                           consume or _touch)
+    untransformed = None  # bound by the user's transform: the same loader measured again without it
+    if bound == "transform" and transform is not None:
+        untransformed = _rate_without_transform(make, min(seconds, 3.0), consume or _touch)
 
     ceilings: dict[str, Any] = {}
     copy_gbps = memory_copy_bandwidth(max(out_bytes, 64 << 20), repeats=3)
@@ -391,12 +411,13 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
         "machine": {"cores": cores},
         "measured": {"seconds": wall, "batches": delta["batches"], "batches_per_s": measured,
                      "samples_per_s": delta["samples"] / wall, "cache": delta["cache"],
-                     "warm_batches_per_s": warm},
+                     "warm_batches_per_s": warm, "untransformed_batches_per_s": untransformed},
         "per_batch_seconds": per_batch,
         "ceilings": ceilings,
         "bound": bound,
         "advice": _advice(bound, per_batch, storage=storage, threads=used_threads, cores=cores,
-                          decode_ceiling=decode, batch_size=batch_size, is_remote=remote, warm_rate=warm),
+                          decode_ceiling=decode, batch_size=batch_size, is_remote=remote, warm_rate=warm,
+                          untransformed_rate=untransformed),
     }
 
 
