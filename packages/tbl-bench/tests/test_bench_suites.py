@@ -320,3 +320,38 @@ def test_columnar_compressed_configurations_and_ratios(tmp_path):
     assert r["write: tbl zstd vs tbl rows/s"] == 0.5 and r["write: tbl zstd vs lance rows/s"] == 0.25
     assert r["scan: zstd arrow vs raw arrow"] == 0.5 and r["scan: zstd arrow vs lance"] == 0.25
     assert not any("lz4" in k for k in r)
+
+
+def test_columnar_peers_read_the_same_rows_and_litdata_writes_fewer(tmp_path, monkeypatch):
+    from tbl_bench.suites import columnar
+
+    monkeypatch.setattr(columnar, "LITDATA_WRITE_ROWS", 4)
+    configs = {c.name: c for c in columnar.configurations(_ctx(tmp_path, peers=True))}
+    for peer, ops in (("lance", ("scan", "take", "item")), ("hf", ("scan", "take", "item")),
+                      ("litdata", ("scan", "item"))):
+        for op in ops:
+            c = configs[f"{peer}/{op}"]
+            assert c.peer and c.params == {"path": "", "op": op, "rows": 10} and "peer test" in c.skip
+        assert configs[f"{peer}/write"].peer and configs[f"{peer}/write"].rss
+    assert "litdata/take" not in configs  # no batch read: its scan is a row at a time
+    assert configs["litdata/write"].params["rows"] == 4 and configs["litdata/write"].epochs == 1
+    assert configs["hf/write"].params["rows"] == 10 and configs["tbl/item"].params["op"] == "item"
+    results = {"tbl/item": {"throughput": 600.0}, "hf/item": {"throughput": 200.0},
+               "litdata/item": {"throughput": 2.0}, "tbl-arrow/take": {"throughput": 50.0},
+               "hf/take": {"throughput": 100.0}, "tbl/write": {"throughput": 30.0},
+               "litdata/write": {"throughput": 3.0}}
+    r = columnar.ratios(results)
+    assert r["item: tbl vs hf"] == 3.0 and r["item: tbl vs litdata"] == 300.0
+    assert r["take: arrow vs hf"] == 0.5 and r["write: tbl vs litdata rows/s"] == 10.0
+
+
+def test_columnar_item_reads_draw_the_same_rows_for_every_reader():
+    from tbl_bench.suites import columnar
+
+    seen = []
+    mine = columnar._Reads(lambda rows: seen.append(list(rows)) or len(rows), 100, "item", item_rows=10)
+    theirs = columnar._Reads(lambda rows: seen.append(list(rows)) or len(rows), 100, "item", item_rows=3)
+    for reads in (mine, theirs):
+        reads.prepare_epoch(7)
+        assert reads.run_epoch(7) == reads.items_per_epoch
+    assert len(seen[0]) == 10 and seen[1] == seen[0][:3] and len(set(seen[0])) == 10
