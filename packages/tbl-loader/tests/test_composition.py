@@ -45,7 +45,7 @@ ROWS, SHARD_ROWS, BATCH, SEED = 48, 8, 8, 5
 # Variable-size kinds need tbl-kernels 0.2; with the oldest kernels the pin admits, their cells are not collected.
 KINDS = ("fixed", *(("variable_raw", "variable_jpeg") if PER_SAMPLE else ()), "pytree", "tokens")
 PATHS = ("prefetch", "resume", "two_ranks", "url", "fields", "dataloader_fork", "dataloader_spawn",
-         "dataloader_forkserver", "mix")
+         "dataloader_forkserver", "mix", "mix_url")
 # Cells that do not exist: a token stream has no per-sample leaves to select.
 NOT_APPLICABLE = {("tokens", "fields")}
 
@@ -218,9 +218,14 @@ def _two_ranks(kind, local, reference, **_):
     _assert_same_rows(got, reference[kind][0], f"{kind} two ranks")
 
 
+def _quarter_cache(path) -> int:
+    """A cache limit of a quarter of the dataset at ``path`` (at least two of its shards)."""
+    sizes = [(path / e["file"]).stat().st_size for e in tbl_format.open(path).shard_entries]
+    return max(sum(sizes) // 4, max(sizes) * 2)
+
+
 def _url(kind, local, reference, urls, s3_server, tmp_path, **_):
-    sizes = [(local[kind] / e["file"]).stat().st_size for e in tbl_format.open(local[kind]).shard_entries]
-    limit = max(sum(sizes) // 4, max(sizes) * 2)
+    limit = _quarter_cache(local[kind])
     with _loader(kind, urls[kind], cache_dir=tmp_path, cache_limit=limit,
                  storage_options=s3_server.storage_options) as loader:
         got = []
@@ -266,8 +271,9 @@ def _dataloader(context):
     return cell
 
 
-def _mix(kind, local, reference, **_):
-    with _loader(kind, local[kind]) as a, _loader(kind, local[kind]) as b:
+def _mixed(kind, first, second, **first_options):
+    """Every sample of epoch 0 of a Mix of two loaders of ``kind`` (the first made with ``first_options``)."""
+    with _loader(kind, first, **first_options) as a, _loader(kind, second) as b:
         mix = Mix([a, b], batch_size=BATCH, seed=SEED, prefetch=0)
         try:
             ids = mix.epoch_order().indices
@@ -279,18 +285,31 @@ def _mix(kind, local, reference, **_):
                 got += _samples(kind, (batch, rows) if kind == "pytree" else batch)
         finally:
             mix.close()
+    return got
+
+
+def _mix(kind, local, reference, **_):
+    got = _mixed(kind, local[kind], local[kind])
     _assert_same_rows(got, reference[kind][0] * 2, f"{kind} Mix of the dataset with itself")
+
+
+def _mix_url(kind, local, reference, urls, s3_server, tmp_path, **_):
+    """A Mix of the dataset at a URL (through a quarter cache; the Mix reads its shards ahead) and of the local
+    dataset: sample for sample the Mix of two local copies."""
+    got = _mixed(kind, urls[kind], local[kind], cache_dir=tmp_path, cache_limit=_quarter_cache(local[kind]),
+                 storage_options=s3_server.storage_options)
+    _assert_same(got, _mixed(kind, local[kind], local[kind]), f"{kind} Mix of a URL source and a local one")
 
 
 CELLS = {"prefetch": _prefetch, "resume": _resume, "two_ranks": _two_ranks, "url": _url, "fields": _fields,
          "dataloader_fork": _dataloader("fork"), "dataloader_spawn": _dataloader("spawn"),
-         "dataloader_forkserver": _dataloader("forkserver"), "mix": _mix}
+         "dataloader_forkserver": _dataloader("forkserver"), "mix": _mix, "mix_url": _mix_url}
 
 
 @pytest.mark.parametrize(("kind", "path"), [(k, p) for k in KINDS for p in PATHS if (k, p) not in NOT_APPLICABLE])
 def test_cell(kind, path, local, reference, request, tmp_path):
     extra = {}
-    if path == "url":
+    if path in ("url", "mix_url"):
         extra = {"urls": request.getfixturevalue("urls"), "s3_server": request.getfixturevalue("s3_server")}
     run = CELLS[path]
     refused = REFUSED.get((kind, path))

@@ -426,6 +426,49 @@ def test_a_forked_process_reaches_the_store_through_its_helper(s3_server, rows_u
     assert got == b"\x00"
 
 
+@pytest.mark.parametrize("kind", ["pytree", "tokens"])
+def test_a_mix_downloads_its_streamed_sources_shards_ahead_of_its_reads(s3_server, local_rows, rows_url,
+                                                                       local_tokens, tokens_url, tmp_path,
+                                                                       monkeypatch, kind):
+    """A Mix hands the next batches' samples to its sources at URLs: their shards download on the shared download
+    threads ahead of the reads, not in the thread that makes the batch (where every download would be a wait),
+    and the batches are the local Mix's."""
+    import threading
+
+    from tbl_loader import Mix, TokenDataset
+    from tbl_loader.source.cache import ShardCache
+
+    where = []
+    download = ShardCache._download
+
+    def recording(self, *args, **kwargs):
+        where.append(threading.current_thread().name)
+        return download(self, *args, **kwargs)
+
+    monkeypatch.setattr(ShardCache, "_download", recording)
+    local, url = (local_rows, rows_url) if kind == "pytree" else (local_tokens, tokens_url)
+    # Rows are drawn shard by shard enough for a third of the dataset to serve them; token windows are drawn
+    # from anywhere in the stream, so their cache holds it all (a smaller one thrashes whatever comes ahead).
+    limit = sum(_shard_bytes(local)) // 3 if kind == "pytree" else sum(_shard_bytes(local))
+    remote = dict(cache_dir=tmp_path, cache_limit=limit, storage_options=s3_server.storage_options)
+
+    def open_(path, **kw):
+        return PyTreeDataset(path, **kw) if kind == "pytree" else TokenDataset(path, 100, seed=2, backend="numpy", **kw)
+
+    def stream(first):
+        with Mix([first, open_(local)], weights=(0.7, 0.3), epoch_size=300, batch_size=8, seed=3,
+                 prefetch=0, return_sources=True) as mix:
+            return list(mix)
+
+    got, want = stream(open_(url, **remote)), stream(open_(local))
+    assert len(got) == len(want)
+    for (gb, gs), (wb, ws) in zip(got, want, strict=True):
+        assert np.array_equal(gs, ws)
+        assert_tree_equal(gb, wb) if kind == "pytree" else assert_tree_equal(vars(gb), vars(wb))
+    ahead = sum(name.startswith("tbl-download") for name in where)
+    assert len(where) >= 6 and ahead >= 0.75 * len(where), where
+
+
 def test_mix_of_a_remote_and_a_local_dataset_equals_the_local_mix(s3_server, local_rows, rows_url, tmp_path):
     from tbl_loader import Mix
 

@@ -7,7 +7,7 @@ proportions. The sources are map-style datasets (``len(ds)`` and
 :class:`~tbl_loader.ImageDataset`) or loaders, which are replaced by their
 map-style twin (an ImageLoader by ``ImageDataset.from_loader``, a TokenLoader by
 ``TokenDataset.from_loader``: its windows or packed rows, with their boundary fields, a PyTreeLoader
-by a ``PyTreeDataset`` of its path, leaves, var mode and subset). A loader
+by ``PyTreeDataset.from_loader``: its path, cache and storage options, leaves, var mode and subset). A loader
 source contributes its samples (data, augmentation, subset, fields), not its
 ``transform``: transform the Mix's batches instead.
 
@@ -97,8 +97,10 @@ source of bare-value samples needs).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -114,6 +116,7 @@ from .image.torch_dataset import EpochBatch, ImageDataset
 from .pytree.batch import Padded
 from .pytree.dataset import PyTreeDataset
 from .pytree.loader import PyTreeLoader
+from .source.storage import is_url
 from .stream import order
 from .stream.cursor import Resumable, StreamCursor, StreamOptions
 from .stream.order import BatchPlan
@@ -127,6 +130,9 @@ __all__ = ["MIX_MODES", "TAG_MIX", "Mix", "Schedule", "mix_counts", "mix_schedul
 MIX_MODES = ("epoch", "smooth")
 SMOOTH_CHUNK = 1 << 16
 """Run positions a smooth-mode chunk holds (computed as the batches reach them)."""
+
+READ_AHEAD_BATCHES = 16
+"""Batches whose samples a Mix with a source at a URL hands to its sources before reading them."""
 
 TAG_MIX = 67
 """Stream tag of the mix seeds (tags below 64 are :mod:`tbl_loader.stream.order`'s)."""
@@ -183,8 +189,7 @@ def _map_style(source: Any) -> Any:
     if isinstance(source, TokenLoader):
         return TokenDataset.from_loader(source)
     if isinstance(source, PyTreeLoader):
-        return PyTreeDataset(source.path, fields=source.leaf_paths, var=source.collator.var_mode,
-                             rows=source.cursor.rows)
+        return PyTreeDataset.from_loader(source)
     if not (hasattr(source, "__len__") and callable(getattr(source, "get_batch", None))):
         raise MixError(f"a Mix source is a map-style dataset (len, get_batch) or a loader, got {type(source).__name__}")
     if not isinstance(getattr(source, "fingerprint", None), str):
@@ -461,8 +466,14 @@ class Mix(Resumable):
             def lookup(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 return self.lookup(epoch, ids)
         sources = list(self.sources)
-        self._producer = Producer(lambda: ((plan, _make(sources, lookup, plan)) for plan in plans), self.prefetch,
-                                  name="tbl-loader-mix")
+        streamed = any(is_url(str(getattr(s, "path", ""))) and hasattr(s, "_read_ahead") for s in sources)
+
+        def batches() -> Iterator[tuple[BatchPlan, tuple[Any, np.ndarray]]]:
+            if streamed:
+                return _reading_ahead(sources, lookup, plans)
+            return ((plan, _make(sources, lookup(plan.sample_ids), plan)) for plan in plans)
+
+        self._producer = Producer(batches, self.prefetch, name="tbl-loader-mix")
         return self._consume(self._producer)
 
     def _consume(self, producer: Producer) -> Iterator[Any]:
@@ -480,9 +491,43 @@ class Mix(Resumable):
             source.close()
 
 
-def _make(sources: list[Any], lookup: Any, plan: BatchPlan) -> tuple[Any, np.ndarray]:
-    """One batch: each source's samples of the plan (one get_batch per source and source epoch), joined."""
-    src, pos, ep = lookup(plan.sample_ids)
+def _reading_ahead(sources: list[Any], lookup: Any, plans: Iterator[BatchPlan]) -> Iterator[tuple[Any, Any]]:
+    """The batches of ``plans`` as :func:`_make` makes them, while the next ``READ_AHEAD_BATCHES`` batches' samples
+    are handed to their streamed sources (``_read_ahead``) so that the shards they read download ahead, on the
+    shared download threads, instead of in this thread when a batch first needs them. The window is looked up
+    again when half of it has been served; which shards come early changes no batch."""
+    window: collections.deque[tuple[BatchPlan, tuple[np.ndarray, np.ndarray, np.ndarray]]] = collections.deque()
+    plans = iter(plans)
+    more = True
+    while True:
+        if more and len(window) <= READ_AHEAD_BATCHES // 2:
+            fresh = list(itertools.islice(plans, READ_AHEAD_BATCHES - len(window)))
+            more = len(fresh) == READ_AHEAD_BATCHES - len(window)
+            window.extend((plan, lookup(plan.sample_ids)) for plan in fresh)
+            _schedule_reads(sources, [looked for _, looked in window])
+        if not window:
+            return
+        plan, looked = window.popleft()
+        yield plan, _make(sources, looked, plan)
+
+
+def _schedule_reads(sources: list[Any], looked: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    """Each streamed source's positions in ``looked`` (a window's (source, position, epoch) arrays), in order."""
+    if not looked:
+        return
+    src, pos, ep = (np.concatenate(parts) for parts in zip(*looked, strict=True))
+    for i in np.unique(src).tolist():
+        read_ahead = getattr(sources[i], "_read_ahead", None)
+        if read_ahead is not None:
+            sel = src == i
+            read_ahead(pos[sel], ep[sel])
+
+
+def _make(sources: list[Any], looked: tuple[np.ndarray, np.ndarray, np.ndarray],
+          plan: BatchPlan) -> tuple[Any, np.ndarray]:
+    """One batch: each source's samples of the plan (``looked``: the source, position and source epoch of each;
+    one get_batch per source and source epoch), joined."""
+    src, pos, ep = looked
     # Grouped by (source, source epoch) with one sort, whatever the number of sources (no scan per source).
     grouped = np.lexsort((ep, src))
     key_s, key_e = src[grouped], ep[grouped]

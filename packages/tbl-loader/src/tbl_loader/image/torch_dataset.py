@@ -301,6 +301,16 @@ class ImageDataset:
         outputs = {name: a.export(n, self.output) for name, a in buffers.items()}
         return source.batch(outputs, payload, plan, self.output.backend, None)
 
+    def _read_ahead(self, positions: np.ndarray, epochs: np.ndarray | None = None) -> None:
+        """The positions the next reads take, in order: over a URL their shards download ahead of the reads
+        (what a Mix of streamed sources calls); a local dataset has nothing to do. ``epochs``: unused (which rows
+        a position reads does not depend on the epoch)."""
+        if not is_url(self.path):
+            return
+        shards, _ = self._ensure()
+        pos = as_indices(positions, self._len)
+        shards.schedule(pos if self.rows is None else self.rows[pos])
+
     def _fetch_ahead(self, shards: Any, plan: PassPlan) -> None:
         """A URL dataset read batch by batch (a DataLoader worker's): at the first batch of a pass, hand the
         fetcher the rows of the pass's batches this process will read, in order, so that their shards are

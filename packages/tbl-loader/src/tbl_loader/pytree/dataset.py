@@ -34,6 +34,7 @@ import tbl_format
 from tbl_format import DEFAULT_MAX_OPEN
 
 from ..host.batch import PyTreeBatch, pytree_batch
+from ..source.fetcher import shards_in_read_order
 from ..source.storage import is_url
 from ..source.verify import verify_mode
 from ..stream.subset import resolve_rows
@@ -219,6 +220,14 @@ class PyTreeDataset:
             self.close()
             self._open()  # the row accessor now maps subset positions to dataset rows
 
+    @classmethod
+    def from_loader(cls, loader: Any) -> PyTreeDataset:
+        """The map-style twin of a PyTreeLoader: its dataset (a URL through the same cache and storage options),
+        leaves, var mode, subset, verify mode and bound on open shards."""
+        where = loader.remote_options if is_url(loader.path) else {}
+        return cls(loader.path, fields=loader.leaf_paths, var=loader.collator.var_mode, rows=loader.cursor.rows,
+                   verify=loader.verify, max_open=loader.max_open, **where)
+
     # ---- opening ------------------------------------------------------------------------------
     def _open(self) -> RowSource:
         # Always a fresh tbl_format.open (never a reopen of a closed Dataset): the contents are
@@ -306,6 +315,15 @@ class PyTreeDataset:
         if self._verify == "lazy":
             source.dataset.verify_rows(rows.tolist(), list(self._collator.paths))
         return pytree_batch(self._collator.batch(source, rows), rows)
+
+    def _read_ahead(self, positions: np.ndarray, epochs: np.ndarray | None = None) -> None:
+        """The positions the next reads take, in order: over a URL their shards download ahead of the reads
+        (what a Mix of streamed sources calls); a local dataset has nothing to do. ``epochs``: unused (a row is
+        the same in every epoch)."""
+        if not is_url(str(self.path)):
+            return
+        dataset = self._ensure().dataset
+        dataset.read_ahead(shards_in_read_order(dataset.segment_rows, self._batch_rows(positions)))
 
     def _batch_rows(self, indices: Any) -> np.ndarray:
         """The dataset rows of positions ``indices``: a contiguous int64 array of the batch's own (IndexError for a

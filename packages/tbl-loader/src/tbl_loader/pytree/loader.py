@@ -158,6 +158,10 @@ class PyTreeLoader(HostLoader):
             raise
         self._compose(cursor, pipeline)
         self.path = path
+        # What the map-style twin (PyTreeDataset.from_loader: a Mix source, DataLoader workers) opens the same way
+        self.remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options}
+        self.verify = verify
+        self.max_open = max_open
         self.collator = collator
         self.schema = source.schema
         self.metadata = source.metadata

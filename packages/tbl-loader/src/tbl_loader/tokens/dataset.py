@@ -197,6 +197,20 @@ class TokenDataset:
         fields = {name: outputs[name] for name in BOUNDARY_FIELDS if name in outputs}
         return TokenBatch(outputs["tokens"], indices, **fields)
 
+    def _read_ahead(self, positions: np.ndarray, epochs: np.ndarray) -> None:
+        """The positions the next reads take, in order, each with its epoch: over a URL their shards download
+        ahead of the reads (what a Mix of streamed sources calls); a local dataset has nothing to do."""
+        if not is_url(self.path):
+            return
+        source = self._source()
+        pos = as_indices(positions, self._len)
+        rows = pos if self.rows is None else self.rows[pos]
+        epochs = np.asarray(epochs, np.int64)
+        shards: list[int] = []
+        for e in dict.fromkeys(epochs.tolist()):  # the epochs in the order the reads reach them
+            shards += source.shards_read(e, rows[epochs == e])
+        source.dataset.read_ahead(list(dict.fromkeys(shards)))
+
     def __getitems__(self, positions: Any) -> CollatedBatch:
         """torch DataLoader's batched fetch: a CollatedBatch (``collate_identity`` gives ``get_batch``)."""
         return CollatedBatch(self, positions)

@@ -317,11 +317,16 @@ class _TokenSource:
         if self._map_all and not isinstance(self._columns, list):
             self._columns = [self.flat(i) for i in range(len(self.shards))]
         if not self._map_all:
-            first, last = self.spans(epoch_order.epoch, epoch_order.dataset_rows)
-            flats = np.stack([np.searchsorted(self.starts, first, side="right") - 1,
-                              np.searchsorted(self.starts, last, side="right") - 1], axis=1).reshape(-1)
-            _, at = np.unique(flats, return_index=True)
-            self.dataset.read_ahead([self.shards[i] for i in flats[np.sort(at)].tolist()])
+            self.dataset.read_ahead(self.shards_read(epoch_order.epoch, epoch_order.dataset_rows))
+
+    def shards_read(self, epoch: int, samples: np.ndarray) -> list[int]:
+        """The shards the windows (or packed rows) ``samples`` of ``epoch`` read, in the order they first reach
+        them."""
+        first, last = self.spans(epoch, samples)
+        flats = np.stack([np.searchsorted(self.starts, first, side="right") - 1,
+                          np.searchsorted(self.starts, last, side="right") - 1], axis=1).reshape(-1)
+        _, at = np.unique(flats, return_index=True)
+        return [self.shards[i] for i in flats[np.sort(at)].tolist()]
 
     def spans(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The first and last stream slot each sample (a window, or a packed row's pieces) reads, in order."""
