@@ -153,6 +153,18 @@ class _Heap:
         if len(self.raw) >= HEAP_BLOCK:
             self._compress(final=False)
 
+    def write_code(self, ns: dict[str, Any], name: str, expr: str) -> str:
+        """Source of ``self.write(expr)`` inlined into a generated row encoder, less the ``logical`` count (the
+        caller adds it): the bytes go where ``write`` puts them, compressed at the same block boundaries."""
+        if self.compress is None:
+            return self.spill.write_code(ns, name, expr)
+        ns[f"R{name}"], ns[f"C{name}"], ns["HEAP_BLOCK"] = self.raw, self.compress_full, HEAP_BLOCK
+        return f"R{name}.extend({expr})\n    if len(R{name}) >= HEAP_BLOCK: C{name}()"
+
+    def compress_full(self) -> None:
+        """Compress the whole blocks buffered so far (what ``write`` does once a block is full)."""
+        self._compress(final=False)
+
     def _compress(self, final: bool) -> None:
         raw = self.raw
         n = len(raw) if final else len(raw) // HEAP_BLOCK * HEAP_BLOCK
@@ -360,14 +372,14 @@ class VarColumn(Column):
 
     def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
         heap = self.heap
-        if self.present is not None or self.shapes is not None or heap.compress is not None:
+        if self.present is not None or self.shapes is not None:
             return super().append_code(ns, k, var)
-        # _append then _Heap.write, for a raw heap: the row's offset, then its bytes.
+        # _append then _Heap.write: the row's offset, then its bytes.
         ns[f"H{k}"], ns["PU64"] = heap, _U64.pack
         return "\n    ".join([
             self.offsets.write_code(ns, f"{k}o", f"PU64(H{k}.logical)"),
             f"H{k}.logical += len({var})",
-            heap.spill.write_code(ns, f"{k}h", var),
+            heap.write_code(ns, f"{k}h", var),
         ])
 
     def append_absent(self, rows: int) -> None:
@@ -420,15 +432,15 @@ class ListColumn(Column):
 
     def append_code(self, ns: dict[str, Any], k: int, var: str) -> str:
         heap = self.heap
-        if self.present is not None or self.items is not None or heap.compress is not None:
+        if self.present is not None or self.items is not None:
             return super().append_code(ns, k, var)
-        # _append then _Heap.write, for packed scalar items in a raw heap: the row's first item, then its items.
+        # _append then _Heap.write, for packed scalar items: the row's first item, then its items.
         ns[f"L{k}"], ns[f"H{k}"], ns["PU64"] = self, heap, _U64.pack
         return "\n    ".join([
             self.offsets.write_code(ns, f"{k}o", f"PU64(L{k}.count)"),
             f"L{k}.count += {var}[1]",
             f"H{k}.logical += len({var}[0])",
-            heap.spill.write_code(ns, f"{k}h", f"{var}[0]"),
+            heap.write_code(ns, f"{k}h", f"{var}[0]"),
         ])
 
     def append_absent(self, rows: int) -> None:
