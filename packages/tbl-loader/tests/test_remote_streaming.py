@@ -426,16 +426,16 @@ def test_a_forked_process_reaches_the_store_through_its_helper(s3_server, rows_u
     assert got == b"\x00"
 
 
-@pytest.mark.parametrize("kind", ["pytree", "tokens"])
+@pytest.mark.parametrize(("kind", "scheduled"), [("pytree", False), ("pytree", True), ("tokens", False)])
 def test_a_mix_downloads_its_streamed_sources_shards_ahead_of_its_reads(s3_server, local_rows, rows_url,
                                                                        local_tokens, tokens_url, tmp_path,
-                                                                       monkeypatch, kind):
+                                                                       monkeypatch, kind, scheduled):
     """A Mix hands the next batches' samples to its sources at URLs: their shards download on the shared download
     threads ahead of the reads, not in the thread that makes the batch (where every download would be a wait),
-    and the batches are the local Mix's."""
+    and the batches are the local Mix's (plain weights, and a schedule in smooth mode)."""
     import threading
 
-    from tbl_loader import Mix, TokenDataset
+    from tbl_loader import Mix, Schedule, TokenDataset
     from tbl_loader.source.cache import ShardCache
 
     where = []
@@ -455,8 +455,10 @@ def test_a_mix_downloads_its_streamed_sources_shards_ahead_of_its_reads(s3_serve
     def open_(path, **kw):
         return PyTreeDataset(path, **kw) if kind == "pytree" else TokenDataset(path, 100, seed=2, backend="numpy", **kw)
 
+    weights = Schedule.linear([(0, [0.9, 0.1]), (30, [0.2, 0.8])]) if scheduled else (0.7, 0.3)
+
     def stream(first):
-        with Mix([first, open_(local)], weights=(0.7, 0.3), epoch_size=300, batch_size=8, seed=3,
+        with Mix([first, open_(local)], weights=weights, epoch_size=300, batch_size=8, seed=3,
                  prefetch=0, return_sources=True) as mix:
             return list(mix)
 
