@@ -14,6 +14,7 @@ method); the writer uses it when a later sample shows that a leaf varies.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import struct
 from array import array
@@ -382,6 +383,13 @@ class VarColumn(Column):
             heap.write_code(ns, f"{k}h", var),
         ])
 
+    def append_rows(self, lengths: list[int], payload: bytes) -> None:
+        """Rows whose bytes are ``payload`` cut at ``lengths``, at once: what ``append`` of each writes (a str or
+        bytes column: no shapes, no presence flags)."""
+        heap = self.heap
+        self.offsets.write(array("Q", itertools.accumulate(lengths, initial=heap.logical)).tobytes()[:-8])
+        heap.write(payload)
+
     def append_absent(self, rows: int) -> None:
         self.offsets.write_repeated(_U64.pack(self.heap.logical), rows)
         if self.shapes is not None:
@@ -442,6 +450,14 @@ class ListColumn(Column):
             f"H{k}.logical += len({var}[0])",
             heap.write_code(ns, f"{k}h", f"{var}[0]"),
         ])
+
+    def append_rows(self, counts: list[int], payload: bytes) -> None:
+        """Rows of ``counts`` packed scalar items whose bytes are ``payload``, at once: what ``append`` of each
+        writes (no str items, no presence flags)."""
+        offsets = array("Q", itertools.accumulate(counts, initial=self.count))
+        self.count = offsets.pop()
+        self.offsets.write(offsets.tobytes())
+        self.heap.write(payload)
 
     def append_absent(self, rows: int) -> None:
         self.offsets.write_repeated(_U64.pack(self.count), rows)
