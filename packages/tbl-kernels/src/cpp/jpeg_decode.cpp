@@ -79,6 +79,13 @@ void init_error(ErrorState& e) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// An EOI marker (0xFF 0xD9) among n bytes at p, looked for from the end (where it usually is).
+bool has_end_marker(const uint8_t* p, size_t n) {
+    for (size_t i = n; i >= 2; --i)
+        if (p[i - 1] == 0xD9 && p[i - 2] == 0xFF) return true;
+    return false;
+}
+
 // The setjmp frame: only plain C data lives here, so a longjmp skips no destructor.
 // Returns a JpegFailure; e.message says why.
 int decode_region_c(const uint8_t* bytes, size_t size, const JpegRegionRequest* req, JpegScratch* scratch,
@@ -113,6 +120,18 @@ int decode_region_c(const uint8_t* bytes, size_t size, const JpegRegionRequest* 
                       static_cast<long long>(req->width));
         jpeg_destroy_decompress(&cinfo);
         return static_cast<int>(JpegFailure::Size);
+    }
+    // The rows below the region are never read, so a file cut short there would go unnoticed: its
+    // end-of-image marker is looked for instead (it cannot occur inside entropy-coded data, where every
+    // 0xFF byte is followed by 0x00 or a restart marker).
+    {
+        const size_t scan = static_cast<size_t>(cinfo.src->next_input_byte - bytes);
+        if (!has_end_marker(bytes + scan, size - scan)) {
+            std::snprintf(e->message, sizeof(e->message),
+                          "no end-of-image marker after the scan data: the JPEG is truncated");
+            jpeg_destroy_decompress(&cinfo);
+            return static_cast<int>(JpegFailure::Corrupt);
+        }
     }
     const bool grey = cinfo.num_components == 1 && cinfo.jpeg_color_space == JCS_GRAYSCALE;
     const bool colour = cinfo.num_components == 3 &&
