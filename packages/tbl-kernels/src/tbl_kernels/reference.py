@@ -279,20 +279,11 @@ def jpeg_scale_window(window, size: tuple[int, int], scale: int) -> tuple[float,
     return (out[0][0], out[1][0], out[0][1], out[1][1])
 
 
-def _whole_decode(decode):
-    if decode is not None:
-        return decode
-    from . import decode_jpeg_region  # the compiled decode of the whole image (no crop, no skip)
-
-    return lambda data, size, scale: decode_jpeg_region(data, size, scale)
-
-
-def decode_crop_resize_jpegs(buffers, sizes, boxes, out, table=None, flip=None, layout=None,
-                             decode=None) -> np.ndarray:
+def decode_crop_resize_jpegs(buffers, sizes, boxes, out, table=None, flip=None, layout=None, *,
+                             decode) -> np.ndarray:
     """``decode_crop_resize_jpegs`` by its definition: decode each whole image at the box's DCT scale with
-    ``decode(data, (H, W), k)`` (default: ``tbl_kernels.decode_jpeg_region`` of the whole image), map the box
-    (``jpeg_scale_box``), then ``crop_resize_images``."""
-    decode = _whole_decode(decode)
+    ``decode(data, (H, W), k)`` (the whole image as uint8 RGB, e.g. ``tbl_kernels.decode_jpeg_region``: numpy
+    has no JPEG decoder), map the box (``jpeg_scale_box``), then ``crop_resize_images``."""
     layout = _layout_of(out, 3, layout)
     oh, ow = (out.shape[2], out.shape[3]) if layout == "CHW" else (out.shape[1], out.shape[2])
     images, mapped = [], []
@@ -304,11 +295,11 @@ def decode_crop_resize_jpegs(buffers, sizes, boxes, out, table=None, flip=None, 
     return crop_resize_images(images, np.array(mapped, np.int64).reshape(-1, 4), out, table, flip, layout)
 
 
-def decode_resize_crop_jpegs(buffers, sizes, windows, out, table=None, flip=None, layout=None,
-                             decode=None) -> np.ndarray:
-    """``decode_resize_crop_jpegs`` by its definition: whole decode at the window's DCT scale, the window
-    scaled (``jpeg_scale_window``), then ``resize_crop_images``."""
-    decode = _whole_decode(decode)
+def decode_resize_crop_jpegs(buffers, sizes, windows, out, table=None, flip=None, layout=None, *,
+                             decode) -> np.ndarray:
+    """``decode_resize_crop_jpegs`` by its definition: whole decode at the window's DCT scale with ``decode``
+    (as in ``decode_crop_resize_jpegs``), the window scaled (``jpeg_scale_window``), then
+    ``resize_crop_images``."""
     layout = _layout_of(out, 3, layout)
     oh, ow = (out.shape[2], out.shape[3]) if layout == "CHW" else (out.shape[1], out.shape[2])
     images, mapped = [], []
