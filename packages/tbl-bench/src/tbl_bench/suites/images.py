@@ -161,12 +161,12 @@ class _TblServe:
 
 
 def _thread_pool_jpeg_decode() -> None:
-    """This process serves JPEG storage by today's fallback: whole rows decoded by simplejpeg in a thread pool,
-    then the crop-resize kernel (each configuration runs in its own process, so nothing else sees it)."""
-    from tbl_loader import _kernels
-    from tbl_loader.image import variable_source
+    """This process serves JPEG storage as on kernels without the JPEG decode (tbl-kernels 0.2): whole rows
+    decoded by simplejpeg in a thread pool, then the crop-resize kernel. The kernels' JPEG calls are hidden
+    from the loader, which then takes that path (each configuration runs in its own process)."""
+    import tbl_kernels
 
-    _kernels.jpeg_decode_kernels = variable_source.jpeg_decode_kernels = lambda module=None: None
+    tbl_kernels.decode_crop_resize_jpegs = tbl_kernels.decode_resize_crop_jpegs = None
 
 
 def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None,

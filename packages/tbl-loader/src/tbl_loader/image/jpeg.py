@@ -10,7 +10,7 @@ thread pool (below), then crop-resized by a second kernel call. Both follow the
 rules below (the same DCT scale, the same box mapping, the same crop-resize), so
 they give the same batches where both libraries decode the same pixels at the
 same scale, which they do for the libjpeg-turbo releases tested (2.1.5 in the
-kernels, simplejpeg 1.8's bundled one: ``tests/test_decode_jpegs.py`` of
+kernels, simplejpeg 1.9.0's bundled one: ``tests/test_decode_jpegs.py`` of
 tbl-kernels compares them at every scale and IDCT). They differ (the decoder's
 identity is in the stream fingerprint either way) on images a few pixels wide
 or high, where simplejpeg, asked for at least ``ceil(H / k) x ceil(W / k)``,
