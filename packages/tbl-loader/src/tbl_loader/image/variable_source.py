@@ -344,7 +344,8 @@ class VariableImageSource:
         cannot be served raises what the thread-pool decode raises for it (ImageGeometryError or
         JpegDecodeError, with the same message where its header is at fault)."""
         fused = self.fused
-        kernel = fused.decode_resize_crop_jpegs if self.windows else fused.decode_crop_resize_jpegs
+        windows = boxes.dtype == np.float64  # the evaluation transform's windows, else int32 crop boxes
+        kernel = fused.decode_resize_crop_jpegs if windows else fused.decode_crop_resize_jpegs
         sizes = np.stack([self.columns.heights[ids], self.columns.widths[ids]], axis=1)
         try:
             kernel(blobs, sizes, boxes, out, self.table, None if flip is None else flip.view(np.uint8),
@@ -364,7 +365,7 @@ class VariableImageSource:
         scales = dct_scale(boxes[:, 2], boxes[:, 3], *out_hw)
         decoded = np.stack([-(-h // scales), -(-w // scales)], axis=1)
         full = np.stack([h, w], axis=1)
-        if self.windows:
+        if boxes.dtype == np.float64:  # windows (evaluation transform)
             mapped = fit_windows(boxes * np.tile(decoded / full, (1, 2)), decoded)
         else:
             mapped = scale_boxes(boxes, full, decoded)
