@@ -384,3 +384,35 @@ def test_bit_flips_never_crash(seed, flips, kind, scale_out):
         one(bytes(b), (h, w), box, out)
     except tk.JpegError as e:
         assert e.index == 0 and e.kind in ("size", "unsupported", "corrupt")
+
+
+def test_libjpeg_simd_changes_no_pixel(jpegs, tmp_path):
+    """libjpeg-turbo's own SIMD (IDCT, upsampling, colour conversion) against its C code (JSIMD_FORCENONE=1,
+    read when the library starts): the same batch, in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(21)
+    buffers, sizes = batch_of(jpegs, list(KINDS), rng, 32)
+    boxes = boxes_for(rng, sizes.tolist())
+    np.save(tmp_path / "sizes.npy", sizes)
+    np.save(tmp_path / "boxes.npy", boxes)
+    for k, data in enumerate(buffers):
+        (tmp_path / f"{k}.jpg").write_bytes(data)
+    script = f"""
+import numpy as np, tbl_kernels as tk
+from pathlib import Path
+d = Path({str(tmp_path)!r})
+sizes, boxes = np.load(d / "sizes.npy"), np.load(d / "boxes.npy")
+buffers = [(d / f"{{k}}.jpg").read_bytes() for k in range(len(sizes))]
+out = np.zeros((len(sizes), 9, 7, 3), np.uint8)
+tk.decode_crop_resize_jpegs(buffers, sizes, boxes, out, layout="HWC")
+np.save(d / "out.npy", out)
+"""
+    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "JSIMD_FORCENONE": "1"},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    out = make_out(len(buffers), 9, 7, "HWC", np.uint8)
+    tk.decode_crop_resize_jpegs(buffers, sizes, boxes, out, layout="HWC")
+    assert np.array_equal(np.load(tmp_path / "out.npy"), out)
