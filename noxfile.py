@@ -143,16 +143,33 @@ def _export_kernels(session: nox.Session, commit: str) -> Path:
     return dest / "packages" / "tbl-kernels"
 
 
+def _kernels_previous_series() -> str | None:
+    """The newest recorded release of a series between the pin's MIN and the tree's (0.2.0 while MIN is 0.1.0
+    and the tree is 0.3.x), or None when the pin admits no series in between."""
+    releases = [Version(r["version"]) for r in tomllib.loads(KERNELS_RELEASES.read_text())["release"]]
+    low, high = Version(_kernels_pin()), Version(_kernels_in_tree_version())
+    between = [v for v in releases if low.release[:2] < v.release[:2] < high.release[:2]]
+    return str(max(between)) if between else None
+
+
 @nox.session(python="3.11")
-@nox.parametrize("kernels", ["oldest", "newest"])
+@nox.parametrize("kernels", ["oldest", "previous", "newest"])
 def kernels_matrix(session: nox.Session, kernels: str) -> None:
-    """tbl-loader's tests against the oldest and the newest tbl-kernels its pin admits.
+    """tbl-loader's tests against every series of tbl-kernels its pin admits.
 
     newest is the tree's tbl-kernels. oldest is the pin's MIN, built from the
     commit that RELEASES.toml records for it (git archive; no tag, no branch).
+    previous is the newest recorded release of each series in between (0.2.0:
+    JPEG storage served by the thread-pool decode, since 0.2 lacks the JPEG
+    decode of 0.3), built the same way.
     """
     if kernels == "oldest":
         expected = _kernels_pin()
+        source = _export_kernels(session, _kernels_release_commit(expected))
+    elif kernels == "previous":
+        expected = _kernels_previous_series()
+        if expected is None:
+            session.skip("the pin admits no kernels series between its minimum and the tree's")
         source = _export_kernels(session, _kernels_release_commit(expected))
     else:
         expected, source = _kernels_in_tree_version(), PKG / "tbl-kernels"

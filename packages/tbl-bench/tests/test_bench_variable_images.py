@@ -52,6 +52,24 @@ def test_every_tbl_storage_and_the_baseline_served_the_same_subset(run):
     assert "tbl jpeg256 vs pytorch-pil" in entry["ratios"]
 
 
+def test_the_jpeg_decodes_and_their_ceiling_ran(run):
+    """issue 38: the kernels' JPEG decode, today's thread-pool decode and simplejpeg decoding the same bytes
+    alone (the ceiling), at both size caps."""
+    _, doc = run
+    entry = doc["suites"]["variable_images"]
+    results = {r["name"]: r for r in entry["results"]}
+    for size in (256, 512):
+        fused, pooled, ceiling = (results[f"tbl/jpeg{size}"], results[f"tbl/jpeg{size}-threads"],
+                                  results[f"decode/jpeg{size}"])
+        for r in (fused, pooled, ceiling):
+            assert r["status"] == "ok", r
+            assert r["items_per_epoch"] == SUBSET and r["throughput"] > 0
+        assert pooled["params"]["jpeg_decode"] == "threads" and pooled["params"]["path"] == fused["params"]["path"]
+        assert ceiling["role"] == "ceiling" and ceiling["params"]["path"] == fused["params"]["path"]
+        assert f"tbl jpeg{size} vs decode-only ceiling" in entry["ratios"]
+        assert f"tbl jpeg{size} vs its thread-pool decode" in entry["ratios"]
+
+
 def test_subset_tar_holds_the_first_rows_of_the_bench_tar(run, monkeypatch):
     ctx, _ = run
     monkeypatch.setattr(variable_images, "SUBSET_ROWS", SUBSET)
@@ -78,7 +96,8 @@ def test_goal_ratios_need_both_sides():
     assert variable_images.ratios(results) == {"tbl jpeg256 vs pytorch-pil": 3.0}
     results.update({"ffcv/jpg256": {"throughput": 200.0}, "tbl/jpeg256-fastdct": {"throughput": 320.0}})
     assert variable_images.ratios(results) == {"tbl jpeg256 vs pytorch-pil": 3.0, "tbl jpeg256 vs ffcv jpg256": 1.5,
-                                               "tbl jpeg256 fast IDCT (as FFCV decodes) vs ffcv jpg256": 1.6}
+                                               "tbl jpeg256 fast IDCT (as FFCV decodes) vs ffcv jpg256": 1.6,
+                                               "tbl jpeg256 vs ffcv jpg256 (issue 38)": 1.5}
 
 
 def test_a_tar_within_the_cap_is_served_whole(run, monkeypatch):

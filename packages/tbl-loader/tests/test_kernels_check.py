@@ -14,8 +14,8 @@ from packaging.version import Version
 import tbl_kernels
 from tbl_loader import _kernels
 
-PIN = _kernels.KernelsPin(minimum=(0, 1, 0), below=(0, 3))
-FIX = 'pip install "tbl-kernels>=0.1.0,<0.3" (from a TBL checkout: pip install ./packages/tbl-kernels)'
+PIN = _kernels.KernelsPin(minimum=(0, 1, 0), below=(0, 4))
+FIX = 'pip install "tbl-kernels>=0.1.0,<0.4" (from a TBL checkout: pip install ./packages/tbl-kernels)'
 
 
 def _abi(version):
@@ -73,7 +73,7 @@ def test_parse_kernels_pin_refuses_other_forms(requirements):
 
 @pytest.mark.parametrize(
     "version",
-    ["0.0.9", "0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0rc1", "0.2.0", "0.3.0", "0.10.0", "1.0.0"],
+    ["0.0.9", "0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0rc1", "0.2.0", "0.3.0", "0.4.0", "0.10.0", "1.0.0"],
 )
 def test_admits_agrees_with_packaging(version):
     specifier = Requirement(PIN.requirement).specifier
@@ -88,21 +88,21 @@ def test_every_admitted_series_has_a_known_abi():
     assert sorted(_kernels.KERNELS_ABIS) == series
 
 
-@pytest.mark.parametrize("version", ["0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0", "0.2.5"])
+@pytest.mark.parametrize("version", ["0.1.0", "0.1.7", "0.1.2rc1", "0.1.3+local", "0.2.0", "0.2.5", "0.3.0", "0.3.1"])
 def test_versions_in_range_pass(version):
     assert _kernels.check_kernels(_fake(version, _abi(version)), PIN).__version__ == version
 
 
-@pytest.mark.parametrize("version", ["0.0.9", "0.3.0", "1.0.0", "garbage", None])
+@pytest.mark.parametrize("version", ["0.0.9", "0.4.0", "1.0.0", "garbage", None])
 def test_versions_out_of_range_name_versions_and_the_fix(version):
     with pytest.raises(ImportError) as info:
         _kernels.check_kernels(_fake(version, 3), PIN)
     assert str(info.value) == (
-        f"tbl-loader needs tbl-kernels>=0.1.0,<0.3 but tbl-kernels {version} is installed; fix it with: {FIX}"
+        f"tbl-loader needs tbl-kernels>=0.1.0,<0.4 but tbl-kernels {version} is installed; fix it with: {FIX}"
     )
 
 
-@pytest.mark.parametrize(("version", "ours", "other"), [("0.1.0", 2, 3), ("0.2.0", 3, 2), ("0.2.1", 3, 4)])
+@pytest.mark.parametrize(("version", "ours", "other"), [("0.1.0", 2, 3), ("0.2.0", 3, 2), ("0.2.1", 3, 4), ("0.3.0", 4, 3)])
 def test_abi_mismatch_names_both_abis_and_the_fix(version, ours, other):
     with pytest.raises(ImportError) as info:
         _kernels.check_kernels(_fake(version, other), PIN)
@@ -124,7 +124,7 @@ def test_per_sample_kernels_name_the_upgrade_on_old_kernels():
         _kernels.per_sample_kernels(_fake("0.1.0", 2))
     assert str(info.value) == (
         "variable-size images need tbl-kernels 0.2 or newer (crop_resize_images, resize_crop_images) but "
-        'tbl-kernels 0.1.0 is installed; fix it with: pip install "tbl-kernels>=0.2.0,<0.3" (from a TBL checkout: '
+        'tbl-kernels 0.1.0 is installed; fix it with: pip install "tbl-kernels>=0.2.0,<0.4" (from a TBL checkout: '
         "pip install ./packages/tbl-kernels)"
     )
     assert isinstance(info.value, ImportError)
@@ -151,7 +151,7 @@ def test_the_installed_kernels_have_what_their_abi_promises():
 @pytest.mark.parametrize(
     ("version", "abi", "expected"),
     [
-        ("0.3.0", 3, "but tbl-kernels 0.3.0 is installed; fix it with: "),
+        ("0.4.0", 4, "but tbl-kernels 0.4.0 is installed; fix it with: "),
         ("0.1.0", 99, "to have binding ABI 2 but it has ABI 99; fix it with: "),
     ],
 )
@@ -165,3 +165,17 @@ def test_importing_the_loader_with_other_kernels_fails_with_the_fix(tmp_path, ve
     assert run.returncode != 0
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: tbl-loader ") and last.endswith(expected + _kernels.KERNELS_PIN.fix), last
+
+
+def test_jpeg_decode_kernels_are_optional():
+    """The JPEG decode in the batch pass is used where the kernels have it (0.3, ABI 4); older kernels get None
+    (JPEG storage is then decoded in a thread pool), never an error."""
+    assert _kernels.jpeg_decode_kernels(_fake("0.2.0", 3)) is None
+    assert _kernels.jpeg_decode_kernels(_fake("0.3.0", 4)) is None  # an ABI 4 module lacking the calls
+    full = _fake("0.3.0", 4)
+    for name in _kernels.JPEG_DECODE_FUNCTIONS:
+        setattr(full, name, lambda *args: None)
+    assert _kernels.jpeg_decode_kernels(full) is full
+    has = hasattr(tbl_kernels, "decode_crop_resize_jpegs")
+    assert has == (tbl_kernels.KERNELS_ABI >= 4)
+    assert (_kernels.jpeg_decode_kernels() is tbl_kernels) == has

@@ -455,16 +455,59 @@ def test_jpeg_stream_is_the_same_every_way(jpeg_data):
         assert np.array_equal(np.concatenate([head[field], tail[field]]), runs[0][field])
 
 
+def thread_pool_decode(monkeypatch):
+    """Serve JPEG storage as on kernels without the JPEG decode (tbl-kernels 0.2): simplejpeg in a thread pool."""
+    from tbl_loader import _kernels
+    from tbl_loader.image import variable_source
+
+    monkeypatch.setattr(_kernels, "jpeg_decode_kernels", lambda module=None: None)
+    monkeypatch.setattr(variable_source, "jpeg_decode_kernels", lambda module=None: None)
+
+
+FUSED = hasattr(tbl_kernels, "decode_crop_resize_jpegs")
+needs_fused = pytest.mark.skipif(not FUSED, reason="needs tbl-kernels 0.3 (JPEG decode in the kernel pass)")
+
+
 def test_decoder_version_is_part_of_the_stream_fingerprint(jpeg_data, monkeypatch):
     path, _ = jpeg_data
     ld = loader(path)
     state = ld.state_dict()
     ld.close()
-    monkeypatch.setattr(simplejpeg, "__version__", "0.0.1-other")
+    if FUSED:  # the kernels' libjpeg-turbo serves
+        monkeypatch.setattr(tbl_kernels, "jpeg_decoder", lambda: {"name": "libjpeg-turbo", "version": "0.0.1-other"})
+    else:
+        monkeypatch.setattr(simplejpeg, "__version__", "0.0.1-other")
     other = loader(path)
     with pytest.raises(StateMismatchError):
         other.load_state_dict(state)
     other.close()
+
+
+@needs_fused
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_fused_and_thread_pool_decodes_give_the_same_batches(jpeg_data, monkeypatch, evaluation):
+    """Where the kernels decode (0.3) and where simplejpeg does in a thread pool (0.2): the same pixels, boxes
+    and geometry, every DCT scale; each decoder names itself in the stream fingerprint, so a state saved under
+    one is refused by the other."""
+    path, _ = jpeg_data
+    small = RandomResizedCrop(4, scale=(0.05, 1.0))
+    options = (dict(random_resized_crop=None, center_crop=10, resize=12, shuffle=False) if evaluation
+               else dict(random_resized_crop=small))
+    runs, states = [], []
+    for pool in (False, True):
+        if pool:
+            thread_pool_decode(monkeypatch)
+        with loader(path, 16, hflip=0.5, num_threads=2, **options) as ld:
+            ld.set_epoch(3)
+            batches = [tuple(as_numpy(v).copy() for v in (b.images, b.indices, b.crop_boxes, b.flips)) for b in ld]
+            states.append(ld.state_dict())
+        runs.append(batches)
+    assert states[0] != states[1]
+    for fused, pooled in zip(*runs, strict=True):
+        for a, b in zip(fused, pooled, strict=True):
+            assert np.array_equal(a, b)
+    with loader(path, 16, **options) as ld, pytest.raises(StateMismatchError):
+        ld.load_state_dict(states[0])  # the thread-pool decoder is patched in: the fused state is refused
 
 
 @needs_decoder
@@ -482,13 +525,30 @@ def test_a_jpeg_that_does_not_decode_names_its_row(tmp_path, var_images):
 
 
 def test_missing_decoder_names_the_pip_command(jpeg_data, monkeypatch):
+    """Without the kernels' JPEG decode (tbl-kernels 0.2), serving JPEG storage needs simplejpeg."""
     import sys
 
     from tbl_loader.errors import JpegDecoderUnavailableError
 
     monkeypatch.setitem(sys.modules, "simplejpeg", None)
+    thread_pool_decode(monkeypatch)
     with pytest.raises(JpegDecoderUnavailableError, match=r"tbl-loader\[jpeg\]"):
         loader(jpeg_data[0])
+
+
+@needs_fused
+def test_kernels_that_decode_need_no_simplejpeg(jpeg_data, var_images, monkeypatch):
+    import sys
+
+    path, blobs = jpeg_data
+    expected_images = None
+    with loader(path, 8, hflip=0.5) as ld:
+        expected_images = collect(ld)
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)
+    with loader(path, 8, hflip=0.5) as ld:
+        got = collect(ld)
+    for a, b in zip(got, expected_images, strict=True):
+        assert np.array_equal(a, b)
 
 
 @needs_decoder

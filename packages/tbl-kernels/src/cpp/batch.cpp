@@ -12,6 +12,7 @@
 
 #include "dispatch.hpp"
 #include "errors.hpp"
+#include "jpeg_decode.hpp"
 #include "kernels.hpp"
 #include "resample_weights.hpp"
 #include "thread_pool.hpp"
@@ -354,10 +355,40 @@ void check_boxes(const Boxes& boxes, const std::vector<CropSource>& src) {
     }
 }
 
+// One sample of the crop-resize rule: the h x w box at `box` (rows `stride` bytes
+// apart) resized to OH x OW, flipped, written through luts into `dst`.
+void crop_resize_box(const OutputLuts& luts, const uint8_t* box, int64_t stride, int64_t h, int64_t w, int64_t C,
+                     int64_t OH, int64_t OW, bool chw, bool flip, ResampleBuffers& buf, AxisWeightsCache& weights,
+                     uint8_t* dst) {
+    const IsaKernels& K = luts.K;
+    WriteSpec s;
+    s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = flip;
+    const uint8_t* img = box;  // the resized HWC image handed to the writer
+    if (h == OH && w == OW) {
+        // Both axes are identities under the rule (one tap of 2**14): read the box in place.
+        s.row_stride = stride;
+    } else {
+        const auto [wv, wh] = weights.get(h, OH, w, OW);
+        // Padding: transpose_pixels reads past the end of its source.
+        buf.vpass.resize(OH * w * C + kTransposePad);
+        buf.transposed.resize(OH * w * C);
+        buf.result.resize(OW * OH * C + kTransposePad);
+        buf.image.resize(OW * OH * C);
+        buf.acc.resize(std::max(w, OH) * C);
+        // Vertical pass over the box columns; transpose so that the horizontal
+        // pass is the same contiguous row operation; transpose back.
+        K.resample_rows(box, stride, *wv, w * C, buf.vpass.data(), buf.acc.data());
+        K.transpose_pixels(buf.vpass.data(), OH, w, C, buf.transposed.data());
+        K.resample_rows(buf.transposed.data(), OH * C, *wh, OH * C, buf.result.data(), buf.acc.data());
+        K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
+        img = buf.image.data();
+    }
+    luts.write(img, s, dst);
+}
+
 // The checked batch: crop boxes[b] out of src[b], resize it to (OH, OW), write it through luts.
 void run_crop_resize(const std::vector<CropSource>& src, int64_t C, const Boxes& boxes, const OutArray& out,
                      const CropOutput& o, const uint8_t* fl, const OutputLuts& luts) {
-    const IsaKernels& K = luts.K;
     const int64_t n = sample_elems(out), OH = o.OH, OW = o.OW;
     const int elem = luts.elem;
     const bool chw = o.chw;
@@ -370,29 +401,7 @@ void run_crop_resize(const std::vector<CropSource>& src, int64_t C, const Boxes&
             const int64_t t = bx[4 * b], l = bx[4 * b + 1], h = bx[4 * b + 2], w = bx[4 * b + 3];
             const int64_t W = src[b].W;
             const uint8_t* box = src[b].data + (t * W + l) * C;
-            WriteSpec s;
-            s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = fl && fl[b];
-            const uint8_t* img = box;  // the resized HWC image handed to the writer
-            if (h == OH && w == OW) {
-                // Both axes are identities under the rule (one tap of 2**14): read the box in place.
-                s.row_stride = W * C;
-            } else {
-                const auto [wv, wh] = weights.get(h, OH, w, OW);
-                // Padding: transpose_pixels reads past the end of its source.
-                buf.vpass.resize(OH * w * C + kTransposePad);
-                buf.transposed.resize(OH * w * C);
-                buf.result.resize(OW * OH * C + kTransposePad);
-                buf.image.resize(OW * OH * C);
-                buf.acc.resize(std::max(w, OH) * C);
-                // Vertical pass over the box columns; transpose so that the horizontal
-                // pass is the same contiguous row operation; transpose back.
-                K.resample_rows(box, W * C, *wv, w * C, buf.vpass.data(), buf.acc.data());
-                K.transpose_pixels(buf.vpass.data(), OH, w, C, buf.transposed.data());
-                K.resample_rows(buf.transposed.data(), OH * C, *wh, OH * C, buf.result.data(), buf.acc.data());
-                K.transpose_pixels(buf.result.data(), OW, OH, C, buf.image.data());
-                img = buf.image.data();
-            }
-            luts.write(img, s, dst + b * n * elem);
+            crop_resize_box(luts, box, W * C, h, w, C, OH, OW, chw, fl && fl[b], buf, weights, dst + b * n * elem);
         }
     });
 }
@@ -477,11 +486,34 @@ std::pair<int64_t, int64_t> weights_span(const AxisWeights& w) {
     return {lo, hi};
 }
 
+// One sample of the resize-crop rule: the packed rows x cols region at `region`
+// (kTransposePad readable bytes past its end) resampled with weights local to the
+// region, horizontal pass first, flipped, written through luts into `dst`.
+void resize_crop_region(const OutputLuts& luts, const uint8_t* region, int64_t rows, int64_t cols, int64_t C,
+                        const AxisWeights& wv_local, const AxisWeights& wh_local, int64_t OH, int64_t OW, bool chw,
+                        bool flip, ResampleBuffers& buf, uint8_t* dst) {
+    const IsaKernels& K = luts.K;
+    buf.transposed.resize(cols * rows * C);
+    buf.vpass.resize(OW * rows * C + kTransposePad);  // horizontal pass, transposed
+    buf.result.resize(rows * OW * C);                  // horizontal pass
+    buf.acc.resize(std::max(rows, OW) * C);
+    // Horizontal pass as a row operation on the transposed region; transpose
+    // back; the vertical pass gives the output rows.
+    K.transpose_pixels(region, rows, cols, C, buf.transposed.data());
+    K.resample_rows(buf.transposed.data(), rows * C, wh_local, rows * C, buf.vpass.data(), buf.acc.data());
+    K.transpose_pixels(buf.vpass.data(), OW, rows, C, buf.result.data());
+    thread_local std::vector<uint8_t> resized;
+    resized.resize(OH * OW * C);
+    K.resample_rows(buf.result.data(), OW * C, wv_local, OW * C, resized.data(), buf.acc.data());
+    WriteSpec s;
+    s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = flip;
+    luts.write(resized.data(), s, dst);
+}
+
 // The checked batch: resize src[b] so that windows[b] becomes (OH, OW), horizontal
 // pass first then vertical (Pillow's order), write it through luts.
 void run_resize_crop(const std::vector<CropSource>& src, int64_t C, const Windows& windows, const OutArray& out,
                      const CropOutput& o, const uint8_t* fl, const OutputLuts& luts) {
-    const IsaKernels& K = luts.K;
     const int64_t n = sample_elems(out), OH = o.OH, OW = o.OW;
     const int elem = luts.elem;
     const bool chw = o.chw;
@@ -502,24 +534,11 @@ void run_resize_crop(const std::vector<CropSource>& src, int64_t C, const Window
             shift_weights(wh, c0, wh_local);
             // Padding: transpose_pixels reads past the end of its source.
             buf.image.resize(rows * cols * C + kTransposePad);  // the region, packed
-            buf.transposed.resize(cols * rows * C);
-            buf.vpass.resize(OW * rows * C + kTransposePad);   // horizontal pass, transposed
-            buf.result.resize(rows * OW * C);                   // horizontal pass
-            buf.acc.resize(std::max(rows, OW) * C);
             for (int64_t y = 0; y < rows; ++y)
                 std::memcpy(buf.image.data() + y * cols * C, src[b].data + ((r0 + y) * W + c0) * C,
                             static_cast<size_t>(cols * C));
-            // Horizontal pass as a row operation on the transposed region; transpose
-            // back; the vertical pass gives the output rows.
-            K.transpose_pixels(buf.image.data(), rows, cols, C, buf.transposed.data());
-            K.resample_rows(buf.transposed.data(), rows * C, wh_local, rows * C, buf.vpass.data(), buf.acc.data());
-            K.transpose_pixels(buf.vpass.data(), OW, rows, C, buf.result.data());
-            thread_local std::vector<uint8_t> resized;
-            resized.resize(OH * OW * C);
-            K.resample_rows(buf.result.data(), OW * C, wv_local, OW * C, resized.data(), buf.acc.data());
-            WriteSpec s;
-            s.H = OH, s.W = OW, s.C = C, s.chw = chw, s.flip = fl && fl[b];
-            luts.write(resized.data(), s, dst + b * n * elem);
+            resize_crop_region(luts, buf.image.data(), rows, cols, C, wv_local, wh_local, OH, OW, chw, fl && fl[b],
+                               buf, dst + b * n * elem);
         }
     });
 }
@@ -594,6 +613,182 @@ void run_gather_columns(const std::vector<InArray>* columns, const OutArray* out
             }
         }
     });
+}
+
+// ---------------------------------------------------------------- JPEG: decode the region, then the rules
+
+// The DCT scale denominator of a box or window of h x w for an OH x OW output: the
+// largest k in (8, 4, 2, 1) with h >= k * OH and w >= k * OW (comparisons in float64).
+int jpeg_scale_for(double h, double w, int64_t OH, int64_t OW) {
+    for (const int k : {8, 4, 2}) {
+        if (h >= static_cast<double>(k * OH) && w >= static_cast<double>(k * OW)) return k;
+    }
+    return 1;
+}
+
+int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Box [start, start + size) of an axis of `full` pixels mapped onto the `dec` pixels of
+// the scaled decode: start' = floor(start * dec / full), end' = ceil((start + size) *
+// dec / full), at least one pixel, inside the image (tbl_loader.image.jpeg.scale_boxes).
+std::pair<int64_t, int64_t> scale_span(int64_t start, int64_t size, int64_t full, int64_t dec) {
+    int64_t lo = start * dec / full;
+    int64_t hi = div_up((start + size) * dec, full);
+    hi = std::min(std::max(hi, lo + 1), dec);
+    lo = std::min(lo, hi - 1);
+    return {lo, hi - lo};
+}
+
+// Window [start, start + size) of an axis of `full` pixels scaled onto `dec` pixels,
+// float64: size * (dec / full) capped at dec, the start lowered by ulps until the
+// window fits (tbl_loader.image.spec.fit_windows).
+std::pair<double, double> scale_window(double start, double size, int64_t full, int64_t dec) {
+    const double ratio = static_cast<double>(dec) / static_cast<double>(full);
+    double s = start * ratio, z = size * ratio;
+    const double side = static_cast<double>(dec);
+    z = std::min(z, side);
+    while (s + z > side) s = std::max(std::nextafter(s, 0.0), 0.0);
+    return {s, z};
+}
+
+// The checked arguments of a JPEG batch call.
+struct JpegInputs {
+    bool chw;
+    int64_t B;
+    std::vector<const uint8_t*> data;
+    std::vector<size_t> size;
+    std::vector<CropSource> declared;  // data null; H, W = the declared sizes
+};
+
+JpegInputs check_jpeg_inputs(const JpegBatch& batch) {
+    const bool chw = parse_layout(batch.layout);
+    const int64_t B = static_cast<int64_t>(batch.buffers.size());
+    const OutArray& out = batch.out;
+    if (out.ndim == 0 || out.shape[0] != B)
+        throw ValueError("out has shape " + shape_of(out) + " but buffers has " + std::to_string(B) +
+                         " entries: out's first dimension must equal len(buffers)");
+    if (batch.sizes.rows != B || batch.sizes.cols != 2) {
+        const int64_t shape[2] = {batch.sizes.rows, batch.sizes.cols};
+        throw ValueError("sizes has shape " + shape_str(shape, 2) + "; expected (" + std::to_string(B) +
+                         ", 2) as (height, width)");
+    }
+    JpegInputs in{chw, B, {}, {}, {}};
+    in.data.resize(B);
+    in.size.resize(B);
+    in.declared.resize(B);
+    for (int64_t b = 0; b < B; ++b) {
+        const InArray& a = batch.buffers[b];
+        const std::string name = "buffers[" + std::to_string(b) + "]";
+        if (a.ndim != 1) throw ValueError(name + " has shape " + shape_of(a) + "; expected 1-D uint8 JPEG bytes");
+        if (!is(a.dtype, DTypeCode::UInt, 8))
+            throw TypeError(name + " has dtype " + dtype_name(a.dtype) + "; expected uint8");
+        const int64_t H = batch.sizes.data[2 * b], W = batch.sizes.data[2 * b + 1];
+        if (H < 1 || W < 1 || H > 65535 || W > 65535)
+            throw ValueError("sizes[" + std::to_string(b) + "] = (" + std::to_string(H) + ", " + std::to_string(W) +
+                             ") is not a JPEG image size (1 to 65535 per side)");
+        in.data[b] = static_cast<const uint8_t*>(a.data);
+        in.size[b] = a.nbytes;
+        in.declared[b] = CropSource{nullptr, H, W};
+        const auto p = reinterpret_cast<uintptr_t>(a.data), lo = reinterpret_cast<uintptr_t>(out.data);
+        if (a.nbytes && out.nbytes && lo < p + a.nbytes && p < lo + out.nbytes)
+            throw ValueError("out overlaps " + name + " in memory");
+    }
+    return in;
+}
+
+// The lowest failing sample's error, if any (every sample was attempted, so the
+// choice does not depend on the thread count).
+void raise_first(const std::vector<JpegStatus>& status) {
+    for (size_t b = 0; b < status.size(); ++b) {
+        if (status[b].ok()) continue;
+        throw JpegError("buffers[" + std::to_string(b) + "]: " + status[b].message, static_cast<int64_t>(b),
+                        jpeg_failure_name(status[b].failure));
+    }
+}
+
+void run_decode_crop_resize(const JpegBatch& batch, const Boxes& boxes) {
+    const JpegInputs in = check_jpeg_inputs(batch);
+    const int64_t C = 3;
+    const CropOutput o = check_crop_output(batch.out, in.chw, C, boxes, in.B);
+    const int elem = check_image_dtype(batch.table, batch.out, C);
+    const uint8_t* fl = check_flip(batch.flip, in.B);
+    check_boxes(boxes, in.declared);
+    const OutputLuts luts(active_kernels(), batch.table, elem, C, batch.affine_hint);
+    const int64_t n = sample_elems(batch.out), OH = o.OH, OW = o.OW;
+    const int32_t* bx = boxes.data;
+    auto* dst = static_cast<uint8_t*>(batch.out.data);
+    std::vector<JpegStatus> status(in.B);
+    parallel_for(in.B, 1, [&](int64_t b0, int64_t b1) {
+        thread_local ResampleBuffers buf;
+        thread_local AxisWeightsCache weights;
+        thread_local JpegScratch scratch;
+        for (int64_t b = b0; b < b1; ++b) {
+            const int64_t H = in.declared[b].H, W = in.declared[b].W;
+            const int k = jpeg_scale_for(bx[4 * b + 2], bx[4 * b + 3], OH, OW);
+            const int64_t Hd = div_up(H, k), Wd = div_up(W, k);
+            const auto [t, h] = scale_span(bx[4 * b], bx[4 * b + 2], H, Hd);
+            const auto [l, w] = scale_span(bx[4 * b + 1], bx[4 * b + 3], W, Wd);
+            JpegRegionRequest req;
+            req.height = H, req.width = W, req.scale = k, req.fast_idct = batch.fast_idct;
+            req.r0 = t, req.r1 = t + h, req.c0 = l, req.c1 = l + w;
+            req.pad = kTransposePad;
+            JpegRegion region;
+            status[b] = decode_jpeg_region(in.data[b], in.size[b], req, scratch, region);
+            if (!status[b].ok()) continue;
+            const uint8_t* box = region.data + (l - region.x0) * C;
+            crop_resize_box(luts, box, region.stride, h, w, C, OH, OW, o.chw, fl && fl[b], buf, weights,
+                            dst + b * n * elem);
+        }
+    });
+    raise_first(status);
+}
+
+void run_decode_resize_crop(const JpegBatch& batch, const Windows& windows) {
+    const JpegInputs in = check_jpeg_inputs(batch);
+    const int64_t C = 3;
+    if (windows.rows != in.B || windows.cols != 4) {
+        const int64_t shape[2] = {windows.rows, windows.cols};
+        throw ValueError("windows has shape " + shape_str(shape, 2) + "; expected (" + std::to_string(in.B) +
+                         ", 4) as (top, left, height, width)");
+    }
+    const Boxes no_boxes{nullptr, in.B, 4};  // the output checks only; windows are checked below
+    const CropOutput o = check_crop_output(batch.out, in.chw, C, no_boxes, in.B);
+    const int elem = check_image_dtype(batch.table, batch.out, C);
+    const uint8_t* fl = check_flip(batch.flip, in.B);
+    check_windows(windows, in.declared);
+    const OutputLuts luts(active_kernels(), batch.table, elem, C, batch.affine_hint);
+    const int64_t n = sample_elems(batch.out), OH = o.OH, OW = o.OW;
+    const double* wd = windows.data;
+    auto* dst = static_cast<uint8_t*>(batch.out.data);
+    std::vector<JpegStatus> status(in.B);
+    parallel_for(in.B, 1, [&](int64_t b0, int64_t b1) {
+        thread_local ResampleBuffers buf;
+        thread_local AxisWeights wv, wh, wv_local, wh_local;
+        thread_local JpegScratch scratch;
+        for (int64_t b = b0; b < b1; ++b) {
+            const int64_t H = in.declared[b].H, W = in.declared[b].W;
+            const int k = jpeg_scale_for(wd[4 * b + 2], wd[4 * b + 3], OH, OW);
+            const int64_t Hd = div_up(H, k), Wd = div_up(W, k);
+            const auto [wt, wh_] = scale_window(wd[4 * b], wd[4 * b + 2], H, Hd);
+            const auto [wl, ww] = scale_window(wd[4 * b + 1], wd[4 * b + 3], W, Wd);
+            compute_axis_weights(Hd, wt, wh_, OH, wv);
+            compute_axis_weights(Wd, wl, ww, OW, wh);
+            const auto [r0, r1] = weights_span(wv);
+            const auto [c0, c1] = weights_span(wh);
+            JpegRegionRequest req;
+            req.height = H, req.width = W, req.scale = k, req.fast_idct = batch.fast_idct;
+            req.r0 = r0, req.r1 = r1, req.c0 = c0, req.c1 = c1;
+            req.pad = kTransposePad;
+            JpegRegion region;
+            status[b] = decode_jpeg_region(in.data[b], in.size[b], req, scratch, region);
+            if (!status[b].ok()) continue;
+            shift_weights(wv, r0, wv_local);
+            shift_weights(wh, region.x0, wh_local);
+            resize_crop_region(luts, region.data, r1 - r0, region.stride / C, C, wv_local, wh_local, OH, OW, o.chw,
+                               fl && fl[b], buf, dst + b * n * elem);
+        }
+    });
+    raise_first(status);
 }
 
 }  // namespace
@@ -681,6 +876,43 @@ void gather_columns(const std::vector<std::vector<InArray>>& columns, const Indi
 
 void gather_rows(const std::vector<InArray>& sources, const Indices& indices, const OutArray& out) {
     run_gather_columns(&sources, &out, 1, indices, true);
+}
+
+void decode_crop_resize_jpegs(const JpegBatch& batch, const Boxes& boxes) { run_decode_crop_resize(batch, boxes); }
+
+void decode_resize_crop_jpegs(const JpegBatch& batch, const Windows& windows) {
+    run_decode_resize_crop(batch, windows);
+}
+
+void decode_jpeg_region_into(const InArray& buffer, int64_t height, int64_t width, int scale, bool fast_idct,
+                             const int64_t region[4], const OutArray& out) {
+    if (buffer.ndim != 1 || !is(buffer.dtype, DTypeCode::UInt, 8))
+        throw TypeError("buffer must be 1-D uint8 JPEG bytes, got " + dtype_name(buffer.dtype) + " " + shape_of(buffer));
+    if (scale != 1 && scale != 2 && scale != 4 && scale != 8)
+        throw ValueError("scale must be 1, 2, 4 or 8, got " + std::to_string(scale));
+    if (height < 1 || width < 1 || height > 65535 || width > 65535)
+        throw ValueError("size (" + std::to_string(height) + ", " + std::to_string(width) +
+                         ") is not a JPEG image size (1 to 65535 per side)");
+    const int64_t Hd = div_up(height, scale), Wd = div_up(width, scale);
+    const int64_t t = region[0], l = region[1], h = region[2], w = region[3];
+    if (h < 1 || w < 1 || t < 0 || l < 0 || t + h > Hd || l + w > Wd)
+        throw IndexError("region (" + std::to_string(t) + ", " + std::to_string(l) + ", " + std::to_string(h) + ", " +
+                         std::to_string(w) + ") is not inside the " + std::to_string(Hd) + "x" + std::to_string(Wd) +
+                         " image decoded at DCT scale 1/" + std::to_string(scale));
+    check_u8_out(out);
+    if (out.ndim != 3 || out.shape[0] != h || out.shape[1] != w || out.shape[2] != 3)
+        throw ValueError("out has shape " + shape_of(out) + "; expected (" + std::to_string(h) + ", " +
+                         std::to_string(w) + ", 3)");
+    JpegRegionRequest req;
+    req.height = height, req.width = width, req.scale = scale, req.fast_idct = fast_idct;
+    req.r0 = t, req.r1 = t + h, req.c0 = l, req.c1 = l + w;
+    JpegScratch scratch;
+    JpegRegion reg;
+    const JpegStatus st = decode_jpeg_region(static_cast<const uint8_t*>(buffer.data), buffer.nbytes, req, scratch, reg);
+    if (!st.ok()) throw JpegError(st.message, 0, jpeg_failure_name(st.failure));
+    auto* dst = static_cast<uint8_t*>(out.data);
+    for (int64_t y = 0; y < h; ++y)
+        std::memcpy(dst + y * w * 3, reg.data + y * reg.stride + (l - reg.x0) * 3, static_cast<size_t>(w * 3));
 }
 
 }  // namespace tbl

@@ -109,4 +109,38 @@ void gather_columns(const std::vector<std::vector<InArray>>& columns, const Indi
 // gather_columns of one column; its errors name `out` instead of `outs[0]`.
 void gather_rows(const std::vector<InArray>& sources, const Indices& indices, const OutArray& out);
 
+// One JPEG batch call: buffers[b] (1-D uint8, the encoded bytes) is sample b,
+// declared (height, width) = sizes[b]; decoded as RGB (greyscale expanded).
+// Output, table, flip, layout and hint as in ImageBatch (3 channels).
+struct JpegSizes {
+    const int64_t* data = nullptr;
+    int64_t rows = 0;
+    int64_t cols = 0;
+};
+struct JpegBatch {
+    std::vector<InArray> buffers;
+    JpegSizes sizes;
+    OutArray out;
+    const InArray* table = nullptr;
+    const InArray* flip = nullptr;
+    std::string layout;
+    const std::vector<double>* affine_hint = nullptr;
+    bool fast_idct = false;
+};
+
+// Decode, at the DCT scale boxes[b] allows, only the part of buffers[b] that
+// boxes[b] (in declared pixels) covers, then crop-resize it as crop_resize_images
+// does (rules in README.md, "JPEG decode"). Every argument is checked before any
+// decode; a JPEG that cannot be served raises JpegError naming the lowest such b
+// after the pass (out's other samples are then written, that one's are not).
+void decode_crop_resize_jpegs(const JpegBatch& batch, const Boxes& boxes);
+
+// The same with float64 windows and the resize-crop rule (resize_crop_images).
+void decode_resize_crop_jpegs(const JpegBatch& batch, const Windows& windows);
+
+// region (top, left, height, width) of `buffer` decoded at DCT scale 1/scale into
+// out ((height, width, 3) uint8), through the same decode as the batch calls.
+void decode_jpeg_region_into(const InArray& buffer, int64_t height, int64_t width, int scale, bool fast_idct,
+                             const int64_t region[4], const OutArray& out);
+
 }  // namespace tbl

@@ -10,6 +10,7 @@
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <array>
@@ -18,11 +19,13 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "batch.hpp"
 #include "dispatch.hpp"
 #include "errors.hpp"
+#include "jpeg_decode.hpp"
 #include "pillow_resize.hpp"
 #include "thread_pool.hpp"
 
@@ -31,7 +34,7 @@ namespace nb = nanobind;
 namespace tbl {
 namespace {
 
-constexpr int kAbi = 3;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any binding change
+constexpr int kAbi = 4;  // mirrors tbl_kernels.KERNELS_ABI; bump both on any binding change
 
 using SrcNd = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 using IndexNd = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -41,6 +44,10 @@ using FlipNd = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using TableNd = nb::ndarray<nb::ro, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using OutNd = nb::ndarray<nb::c_contig, nb::device::cpu>;
 using Hint = std::optional<std::vector<double>>;
+using SizesNd = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using RegionOutNd = nb::ndarray<uint8_t, nb::c_contig, nb::device::cpu>;
+
+PyObject* jpeg_error_type = nullptr;  // tbl_kernels._core.JpegError, a ValueError
 
 DType dtype_of(const nb::dlpack::dtype& d) {
     using Code = nb::dlpack::dtype_code;
@@ -145,6 +152,52 @@ void resize_crop_images_nd(const std::vector<SrcNd>& images, const WindowNd& win
     resize_crop_images(batch, wd);
 }
 
+JpegBatch jpeg_batch(const std::vector<SrcNd>& buffers, const SizesNd& sizes, const OutNd& out,
+                     const std::optional<InArray>& table, const std::optional<InArray>& flip,
+                     const std::string& layout, const Hint& hint, bool fast_idct) {
+    JpegBatch batch;
+    fill_in_arrays(buffers, batch.buffers);
+    batch.sizes = JpegSizes{sizes.data(), static_cast<int64_t>(sizes.shape(0)), static_cast<int64_t>(sizes.shape(1))};
+    batch.out = array_ref<void>(out);
+    batch.table = ptr(table);
+    batch.flip = ptr(flip);
+    batch.layout = layout;
+    batch.affine_hint = hint ? &*hint : nullptr;
+    batch.fast_idct = fast_idct;
+    return batch;
+}
+
+void decode_crop_resize_jpegs_nd(const std::vector<SrcNd>& buffers, const SizesNd& sizes, const BoxNd& boxes,
+                                 OutNd out, const std::optional<TableNd>& table, const std::optional<FlipNd>& flip,
+                                 const std::string& layout, const Hint& hint, bool fast_idct) {
+    const std::optional<InArray> tab = optional_ref(table), fl = optional_ref(flip);
+    const Boxes bx{boxes.data(), static_cast<int64_t>(boxes.shape(0)), static_cast<int64_t>(boxes.shape(1))};
+    decode_crop_resize_jpegs(jpeg_batch(buffers, sizes, out, tab, fl, layout, hint, fast_idct), bx);
+}
+
+void decode_resize_crop_jpegs_nd(const std::vector<SrcNd>& buffers, const SizesNd& sizes, const WindowNd& windows,
+                                 OutNd out, const std::optional<TableNd>& table, const std::optional<FlipNd>& flip,
+                                 const std::string& layout, const Hint& hint, bool fast_idct) {
+    const std::optional<InArray> tab = optional_ref(table), fl = optional_ref(flip);
+    const Windows wd{windows.data(), static_cast<int64_t>(windows.shape(0)), static_cast<int64_t>(windows.shape(1))};
+    decode_resize_crop_jpegs(jpeg_batch(buffers, sizes, out, tab, fl, layout, hint, fast_idct), wd);
+}
+
+void decode_jpeg_region_nd(const SrcNd& buffer, int64_t height, int64_t width, int scale,
+                           std::array<int64_t, 4> region, RegionOutNd out, bool fast_idct) {
+    decode_jpeg_region_into(array_ref<const void>(buffer), height, width, scale, fast_idct, region.data(),
+                            array_ref<void>(out));
+}
+
+// (height, width, components, precision, progressive) of the frame header.
+std::tuple<int64_t, int64_t, int, int, bool> jpeg_header_nd(const SrcNd& buffer) {
+    if (buffer.ndim() != 1) throw TypeError("buffer must be 1-D uint8 JPEG bytes");
+    JpegHeaderInfo info;
+    const JpegStatus st = read_jpeg_header(buffer.data(), buffer.nbytes(), info);
+    if (!st.ok()) throw JpegError(st.message, 0, jpeg_failure_name(st.failure));
+    return {info.height, info.width, info.components, info.precision, info.progressive};
+}
+
 // The row gathers are called per batch of small rows, where a few allocations per
 // call are measurable: their array descriptions live in per-thread buffers that
 // keep their capacity from call to call.
@@ -240,6 +293,18 @@ void pillow_resize_nd(const nb::capsule& schema, const nb::capsule& array, int w
 void translate_error(const std::exception_ptr& p, void*) {
     try {
         std::rethrow_exception(p);
+    } catch (const JpegError& e) {
+        // JpegError(message) with .index (the buffer) and .kind ("size", "unsupported", "corrupt")
+        PyObject* exc = PyObject_CallFunction(jpeg_error_type, "s", e.what());
+        if (exc == nullptr) return;  // the call's own error stands
+        PyObject* index = PyLong_FromLongLong(e.index());
+        PyObject* kind = PyUnicode_FromString(e.kind());
+        if (index && kind && PyObject_SetAttrString(exc, "index", index) == 0 &&
+            PyObject_SetAttrString(exc, "kind", kind) == 0)
+            PyErr_SetObject(jpeg_error_type, exc);
+        Py_XDECREF(index);
+        Py_XDECREF(kind);
+        Py_DECREF(exc);
     } catch (const IndexError& e) {
         PyErr_SetString(PyExc_IndexError, e.what());
     } catch (const ValueError& e) {
@@ -258,6 +323,14 @@ NB_MODULE(_core, m) {
     using Release = nb::call_guard<nb::gil_scoped_release>;
     m.doc() = "Compiled kernels of tbl_kernels (use the tbl_kernels package, not this module).";
     m.attr("KERNELS_ABI") = kAbi;
+    jpeg_error_type = PyErr_NewExceptionWithDoc(
+        "tbl_kernels._core.JpegError",
+        "A JPEG that cannot be served: .index is its position in the batch, .kind why "
+        "('size': the header disagrees with the declared size; 'unsupported'; 'corrupt').",
+        PyExc_ValueError, nullptr);
+    m.attr("JpegError") = nb::handle(jpeg_error_type);
+    m.attr("JPEG_LIBRARY_VERSION") = jpeg_library_version();
+    m.attr("JPEG_MAX_SCANS") = kMaxJpegScans;
     nb::register_exception_translator(translate_error);
 
     m.def("set_num_threads", &set_num_threads, arg("n"), Release(),
@@ -283,6 +356,17 @@ NB_MODULE(_core, m) {
           arg("affine_hint").none() = nb::none(), Release());
     m.def("pillow_resize", &pillow_resize_nd, arg("schema"), arg("array"), arg("width"), arg("height"), arg("box"),
           arg("filter"), arg("horizontal_first"), arg("out").noconvert());
+    m.def("decode_crop_resize_jpegs", &decode_crop_resize_jpegs_nd, arg("buffers").noconvert(),
+          arg("sizes").noconvert(), arg("boxes").noconvert(), arg("out").noconvert(),
+          arg("table").noconvert().none(), arg("flip").noconvert().none(), arg("layout"),
+          arg("affine_hint").none() = nb::none(), arg("fast_idct") = false, Release());
+    m.def("decode_resize_crop_jpegs", &decode_resize_crop_jpegs_nd, arg("buffers").noconvert(),
+          arg("sizes").noconvert(), arg("windows").noconvert(), arg("out").noconvert(),
+          arg("table").noconvert().none(), arg("flip").noconvert().none(), arg("layout"),
+          arg("affine_hint").none() = nb::none(), arg("fast_idct") = false, Release());
+    m.def("decode_jpeg_region", &decode_jpeg_region_nd, arg("buffer").noconvert(), arg("height"), arg("width"),
+          arg("scale"), arg("region"), arg("out").noconvert(), arg("fast_idct") = false, Release());
+    m.def("jpeg_header", &jpeg_header_nd, arg("buffer").noconvert(), Release());
     m.def("gather_rows", &gather_rows_nd, arg("sources").noconvert(), arg("indices").noconvert(),
           arg("out").noconvert(), Release());
     m.def("gather_columns", &gather_columns_nd, arg("columns").noconvert(), arg("indices").noconvert(),

@@ -6,7 +6,9 @@
 // never leaves a partly written batch.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
+#include <string>
 
 namespace tbl {
 
@@ -31,6 +33,21 @@ class ValueError : public Error {
 class TypeError : public Error {
    public:
     using Error::Error;
+};
+
+// A JPEG that cannot be served (decode_crop_resize_jpegs and friends): which
+// buffer, and why by name ("size", "unsupported", "corrupt"; jpeg_decode.hpp).
+// A ValueError in Python (tbl_kernels.JpegError) carrying both.
+class JpegError : public ValueError {
+   public:
+    JpegError(const std::string& message, int64_t index, const char* kind)
+        : ValueError(message), index_(index), kind_(kind) {}
+    int64_t index() const { return index_; }
+    const char* kind() const { return kind_; }
+
+   private:
+    int64_t index_;
+    const char* kind_;  // a string literal
 };
 
 }  // namespace tbl

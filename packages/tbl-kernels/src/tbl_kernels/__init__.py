@@ -18,22 +18,30 @@ import numpy as np
 from . import _core, reference
 from .tables import NormalizationTable, normalization_table
 
-__version__ = "0.2.0"
-KERNELS_ABI = 3  # bumped on any binding change; the compiled module must agree
+__version__ = "0.3.0"
+KERNELS_ABI = 4  # bumped on any binding change; the compiled module must agree
 
 __all__ = [
+    "JPEG_DCT_METHODS",
+    "JPEG_MAX_SCANS",
+    "JpegError",
     "KERNELS_ABI",
     "NormalizationTable",
     "PILLOW_FILTERS",
     "PillowLayoutError",
     "__version__",
     "crop_resize_images",
+    "decode_crop_resize_jpegs",
+    "decode_jpeg_region",
+    "decode_resize_crop_jpegs",
     "gather_columns",
     "gather_crop_resize",
     "gather_normalize",
     "gather_rows",
     "gather_u8",
     "get_num_threads",
+    "jpeg_decoder",
+    "jpeg_header",
     "max_threads",
     "normalization_table",
     "pillow_horizontal_first",
@@ -328,6 +336,155 @@ def resize_crop_images(
     channels = int(images[0].shape[-1]) if images and len(images[0].shape) == 3 else None
     layout = _layout(layout, out, channels)
     _call(_core.resize_crop_images, (images, windows, out, table, flip, layout, _affine_hint(table)), explain)
+
+
+JpegError = _core.JpegError
+"""A JPEG a decode call cannot serve (a ValueError): ``.index`` is its position in the batch and ``.kind`` says
+why: ``"size"`` (its frame header disagrees with the declared size, found before anything is allocated),
+``"unsupported"`` (not 8-bit greyscale or 3-component colour: CMYK, YCCK, 12-bit), ``"corrupt"`` (libjpeg's
+error or warning, or more than ``JPEG_MAX_SCANS`` progressive scans)."""
+
+JPEG_DCT_METHODS = ("accurate", "fast")
+"""The IDCTs of the JPEG decode: libjpeg's accurate integer IDCT (``JDCT_ISLOW``, the default) and its fast one
+(``JDCT_IFAST``, FFCV's choice; other pixels at full scale and at 1/2)."""
+
+JPEG_MAX_SCANS = _core.JPEG_MAX_SCANS
+
+
+def jpeg_decoder() -> dict[str, str]:
+    """The identity of the JPEG decoder these kernels were built with: ``{"name": "libjpeg-turbo", "version":
+    ...}``. Decoded pixels depend on it (IDCT, upsampling); it belongs in a stream's fingerprint."""
+    return {"name": "libjpeg-turbo", "version": str(_core.JPEG_LIBRARY_VERSION)}
+
+
+def _as_bytes_array(name: str, buffer: Any) -> Any:
+    """``buffer`` as a 1-D uint8 array without a copy (bytes, memoryview and anything with the buffer protocol)."""
+    if isinstance(buffer, np.ndarray):
+        if buffer.dtype != np.uint8 or buffer.ndim != 1:
+            raise TypeError(f"{name} must be 1-D uint8 JPEG bytes, got {buffer.dtype} {buffer.shape}")
+        return buffer
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise TypeError(f"{name} must be bytes-like JPEG data, got {type(buffer).__name__}") from None
+    if not view.c_contiguous:
+        raise TypeError(f"{name} must be contiguous")
+    return np.frombuffer(view.cast("B") if view.format != "B" or view.ndim != 1 else view, dtype=np.uint8)
+
+
+def _check_sizes(sizes: Any) -> None:
+    _check_array("sizes", sizes)
+    if isinstance(sizes, np.ndarray) and (sizes.dtype != np.int64 or sizes.ndim != 2):
+        raise TypeError(f"sizes must be a 2-D int64 array (B, 2), got dtype {sizes.dtype} and shape {sizes.shape}")
+
+
+def _fast_idct(dct: str) -> bool:
+    if dct not in JPEG_DCT_METHODS:
+        raise ValueError(f"dct must be one of {JPEG_DCT_METHODS}, got {dct!r}")
+    return dct == "fast"
+
+
+def decode_crop_resize_jpegs(
+    buffers: Sequence[Any],
+    sizes: Any,
+    boxes: Any,
+    out: Any,
+    table: Any = None,
+    flip: Any = None,
+    layout: str | None = None,
+    dct: str = "accurate",
+) -> None:
+    """Decode only what ``boxes[b]`` needs of JPEG ``buffers[b]``, at the DCT scale the box allows, and crop-resize
+    it into ``out[b]``: one call, GIL released, on the kernels' pool.
+
+    ``buffers``: list of B JPEGs (bytes, memoryviews or 1-D uint8 arrays; not copied). ``sizes``: int64
+    ``(B, 2)`` declared ``(height, width)`` of each; a frame header that disagrees is refused before the decoder
+    allocates anything. ``boxes``: int32 ``(B, 4)`` ``(top, left, height, width)`` inside the declared size.
+    ``out``, ``table``, ``flip``, ``layout`` as in ``crop_resize_images`` (3 channels: greyscale JPEGs are
+    expanded to RGB). ``dct``: one of ``JPEG_DCT_METHODS``.
+
+    Per sample (the exact rule is in the package README, "JPEG decode"): the DCT scale 1/k is the largest k in
+    (8, 4, 2, 1) with ``box_h >= k * OH`` and ``box_w >= k * OW``; the box is mapped onto the decoded
+    ``ceil(H / k) x ceil(W / k)`` image outward to whole pixels; only the iMCU columns and rows that hold the
+    mapped box are decoded; then the crop-resize rule, flip and table, as ``crop_resize_images`` on the whole
+    decoded image with the mapped box gives. A JPEG that cannot be served raises ``JpegError`` naming the lowest
+    such position after the pass (the others are written). New in 0.3.0 (``KERNELS_ABI`` 4).
+    """
+    _check_list("buffers", buffers, "JPEG buffers")
+    arrays = [_as_bytes_array(f"buffers[{k}]", b) for k, b in enumerate(buffers)]
+    fast = _fast_idct(dct)
+
+    def explain() -> None:
+        _check_sizes(sizes)
+        _check_boxes(boxes)
+        _check_out(out)
+
+    layout = _layout(layout, out, 3)
+    _call(_core.decode_crop_resize_jpegs,
+          (arrays, sizes, boxes, out, table, flip, layout, _affine_hint(table), fast), explain)
+
+
+def decode_resize_crop_jpegs(
+    buffers: Sequence[Any],
+    sizes: Any,
+    windows: Any,
+    out: Any,
+    table: Any = None,
+    flip: Any = None,
+    layout: str | None = None,
+    dct: str = "accurate",
+) -> None:
+    """``decode_crop_resize_jpegs`` with float64 ``windows`` and the resize-crop rule of ``resize_crop_images``.
+
+    The scale k is chosen from the window's size as for a box; the window is scaled onto the decoded image
+    (``size * (ceil(H / k) / H)``, capped at the side, the start lowered by ulps until it fits) and only the
+    rows and columns its taps read are decoded. New in 0.3.0 (``KERNELS_ABI`` 4).
+    """
+    _check_list("buffers", buffers, "JPEG buffers")
+    arrays = [_as_bytes_array(f"buffers[{k}]", b) for k, b in enumerate(buffers)]
+    fast = _fast_idct(dct)
+
+    def explain() -> None:
+        _check_sizes(sizes)
+        _check_windows(windows)
+        _check_out(out)
+
+    layout = _layout(layout, out, 3)
+    _call(_core.decode_resize_crop_jpegs,
+          (arrays, sizes, windows, out, table, flip, layout, _affine_hint(table), fast), explain)
+
+
+def decode_jpeg_region(
+    buffer: Any,
+    size: tuple[int, int],
+    scale: int = 1,
+    region: tuple[int, int, int, int] | None = None,
+    out: Any = None,
+    dct: str = "accurate",
+) -> np.ndarray:
+    """``region`` ``(top, left, height, width)`` of JPEG ``buffer`` (declared ``size`` = (height, width)) decoded
+    as RGB at DCT scale 1/``scale`` (1, 2, 4, 8; the image is then ``ceil(H / scale) x ceil(W / scale)``), by the
+    same decode as ``decode_crop_resize_jpegs``; default the whole image. Returns ``out`` (uint8
+    ``(height, width, 3)``, allocated when None). Runs on the calling thread, GIL released. JpegError (index 0)
+    for a JPEG that cannot be served. New in 0.3.0 (``KERNELS_ABI`` 4).
+    """
+    array = _as_bytes_array("buffer", buffer)
+    height, width = (int(v) for v in size)
+    scale = int(scale)
+    if region is None:
+        region = (0, 0, -(-height // max(scale, 1)), -(-width // max(scale, 1)))
+    region = tuple(int(v) for v in region)
+    if out is None:
+        out = np.empty((max(region[2], 0), max(region[3], 0), 3), np.uint8)
+    _call(_core.decode_jpeg_region, (array, height, width, scale, region, out, _fast_idct(dct)),
+          lambda: _check_out(out))
+    return out
+
+
+def jpeg_header(buffer: Any) -> tuple[int, int, int, int, bool]:
+    """``(height, width, components, precision, progressive)`` of JPEG ``buffer``'s frame header, read by
+    libjpeg (nothing decoded); JpegError when libjpeg cannot read it."""
+    return tuple(_core.jpeg_header(_as_bytes_array("buffer", buffer)))
 
 
 def gather_rows(sources: Sequence[Any], indices: Any, out: Any) -> None:

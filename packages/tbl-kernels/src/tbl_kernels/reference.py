@@ -17,11 +17,16 @@ __all__ = [
     "PRECISION_BITS",
     "crop_resize_images",
     "crop_resize_u8",
+    "decode_crop_resize_jpegs",
+    "decode_resize_crop_jpegs",
     "gather_columns",
     "gather_crop_resize",
     "gather_normalize",
     "gather_rows",
     "gather_u8",
+    "jpeg_dct_scale",
+    "jpeg_scale_box",
+    "jpeg_scale_window",
     "normalization_table",
     "resample_matrix",
     "resample_weights",
@@ -226,3 +231,81 @@ def resize_crop_images(images, windows, out, table=None, flip=None, layout=None)
     for b, image in enumerate(images):
         resized[b] = resize_crop_u8(image, windows[b], oh, ow)
     return _finish(resized, out, table, flip, layout)
+
+
+# ---------------------------------------------------------------- JPEG decode (rules of decode_crop_resize_jpegs)
+
+JPEG_SCALES = (8, 4, 2, 1)
+
+
+def jpeg_dct_scale(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
+    """The DCT scale denominator k of a box (or float64 window) of ``box_h x box_w`` for an ``out_h x out_w``
+    output: the largest k in (8, 4, 2, 1) with ``box_h >= k * out_h`` and ``box_w >= k * out_w``."""
+    for k in JPEG_SCALES[:-1]:
+        if box_h >= k * out_h and box_w >= k * out_w:
+            return k
+    return 1
+
+
+def jpeg_scale_box(box, size: tuple[int, int], scale: int) -> tuple[int, int, int, int]:
+    """An int box of a ``size`` = (H, W) image mapped onto its decode at 1/``scale`` (``ceil(H / scale)`` x
+    ``ceil(W / scale)``): per axis ``start' = floor(start * d / n)``, ``end' = ceil((start + size) * d / n)``,
+    at least one pixel, inside the decoded image."""
+    out = []
+    for axis in (0, 1):
+        n = int(size[axis])
+        d = -(-n // scale)
+        start, extent = int(box[axis]), int(box[axis + 2])
+        lo = start * d // n
+        hi = -(-(start + extent) * d // n)
+        hi = min(max(hi, lo + 1), d)
+        lo = min(lo, hi - 1)
+        out.append((lo, hi - lo))
+    return (out[0][0], out[1][0], out[0][1], out[1][1])
+
+
+def jpeg_scale_window(window, size: tuple[int, int], scale: int) -> tuple[float, float, float, float]:
+    """A float64 window of a ``size`` image scaled onto its decode at 1/``scale``: start and size times
+    ``d / n`` (float64), the size capped at ``d``, the start lowered by ulps until ``start + size <= d``."""
+    out = []
+    for axis in (0, 1):
+        n = int(size[axis])
+        d = -(-n // scale)
+        ratio = float(d) / float(n)
+        start, extent = float(window[axis]) * ratio, min(float(window[axis + 2]) * ratio, float(d))
+        while start + extent > d:
+            start = max(float(np.nextafter(start, 0.0)), 0.0)
+        out.append((start, extent))
+    return (out[0][0], out[1][0], out[0][1], out[1][1])
+
+
+def decode_crop_resize_jpegs(buffers, sizes, boxes, out, table=None, flip=None, layout=None, *,
+                             decode) -> np.ndarray:
+    """``decode_crop_resize_jpegs`` by its definition: decode each whole image at the box's DCT scale with
+    ``decode(data, (H, W), k)`` (the whole image as uint8 RGB, e.g. ``tbl_kernels.decode_jpeg_region``: numpy
+    has no JPEG decoder), map the box (``jpeg_scale_box``), then ``crop_resize_images``."""
+    layout = _layout_of(out, 3, layout)
+    oh, ow = (out.shape[2], out.shape[3]) if layout == "CHW" else (out.shape[1], out.shape[2])
+    images, mapped = [], []
+    for b, data in enumerate(buffers):
+        size = (int(sizes[b][0]), int(sizes[b][1]))
+        k = jpeg_dct_scale(int(boxes[b][2]), int(boxes[b][3]), oh, ow)
+        images.append(decode(data, size, k))
+        mapped.append(jpeg_scale_box(boxes[b], size, k))
+    return crop_resize_images(images, np.array(mapped, np.int64).reshape(-1, 4), out, table, flip, layout)
+
+
+def decode_resize_crop_jpegs(buffers, sizes, windows, out, table=None, flip=None, layout=None, *,
+                             decode) -> np.ndarray:
+    """``decode_resize_crop_jpegs`` by its definition: whole decode at the window's DCT scale with ``decode``
+    (as in ``decode_crop_resize_jpegs``), the window scaled (``jpeg_scale_window``), then
+    ``resize_crop_images``."""
+    layout = _layout_of(out, 3, layout)
+    oh, ow = (out.shape[2], out.shape[3]) if layout == "CHW" else (out.shape[1], out.shape[2])
+    images, mapped = [], []
+    for b, data in enumerate(buffers):
+        size = (int(sizes[b][0]), int(sizes[b][1]))
+        k = jpeg_dct_scale(float(windows[b][2]), float(windows[b][3]), oh, ow)
+        images.append(decode(data, size, k))
+        mapped.append(jpeg_scale_window(windows[b], size, k))
+    return resize_crop_images(images, np.array(mapped, np.float64).reshape(-1, 4), out, table, flip, layout)

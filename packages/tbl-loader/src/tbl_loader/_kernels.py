@@ -28,12 +28,14 @@ __all__ = [
     "check_kernels",
     "kernels",
     "parse_kernels_pin",
+    "jpeg_decode_kernels",
     "per_sample_kernels",
 ]
 
-KERNELS_ABIS = {(0, 1): 2, (0, 2): 3}
+KERNELS_ABIS = {(0, 1): 2, (0, 2): 3, (0, 3): 4}
 """The binding ABI of each tbl-kernels minor series this loader calls: 0.1 has ABI 2, 0.2 adds
-``crop_resize_images`` (ABI 3). Every series the pin admits must be listed (a test checks it)."""
+``crop_resize_images`` (ABI 3), 0.3 the JPEG decode in the batch pass (ABI 4). Every series the pin
+admits must be listed (a test checks it)."""
 
 PER_SAMPLE_ABI = 3
 """The first ABI with ``crop_resize_images`` and ``resize_crop_images`` (one image of its own size per sample)."""
@@ -41,6 +43,11 @@ PER_SAMPLE_ABI = 3
 PER_SAMPLE_FUNCTIONS = ("crop_resize_images", "resize_crop_images")
 """What variable-size images call. Both belong to ABI 3; builds of 0.2.0 made before ``resize_crop_images``
 was added (never released) lack it, so the check asks for the functions as well as the ABI."""
+
+JPEG_DECODE_ABI = 4
+"""The first ABI with ``decode_crop_resize_jpegs`` and ``decode_resize_crop_jpegs`` (JPEG decode in the batch pass)."""
+
+JPEG_DECODE_FUNCTIONS = ("decode_crop_resize_jpegs", "decode_resize_crop_jpegs", "jpeg_decoder")
 
 CHECKOUT_COMMAND = "pip install ./packages/tbl-kernels"
 """The same fix from a TBL source checkout, where the kernels are built from the tree."""
@@ -148,6 +155,20 @@ def per_sample_kernels(module: ModuleType | None = None) -> ModuleType:
         f"variable-size images need tbl-kernels 0.2 or newer ({lacking}) but tbl-kernels "
         f"{getattr(module, '__version__', None)} is installed; fix it with: {need.fix}"
     )
+
+
+def jpeg_decode_kernels(module: ModuleType | None = None) -> ModuleType | None:
+    """The kernels, if they decode JPEG rows inside the batch pass (tbl-kernels 0.3, ABI 4); else None.
+
+    Not a required feature: JPEG storage is served on older kernels too, by decoding whole rows in a
+    thread pool (simplejpeg) before the crop-resize call (`tbl_loader.image.variable_source`).
+    """
+    module = kernels if module is None else module
+    if getattr(module, "KERNELS_ABI", 0) < JPEG_DECODE_ABI:
+        return None
+    if not all(callable(getattr(module, name, None)) for name in JPEG_DECODE_FUNCTIONS):
+        return None
+    return module
 
 
 def _load() -> ModuleType:

@@ -100,8 +100,13 @@ def _crop_spec(size: int):
 class _TblServe:
     def __init__(self, path: str, batch_size: int, aug: str, level: str, size: int, seed: int, threads, device,
                  verify: str = "never", reopen: bool = False, dtype: str = "float32",
-                 fields: bool = False, jpeg_dct: str = "accurate", stage_timing: bool = True):
+                 fields: bool = False, jpeg_dct: str = "accurate", stage_timing: bool = True,
+                 jpeg_decode: str = "kernel"):
         ImageLoader = _image_loader()
+        if jpeg_decode == "threads":  # JPEG rows decoded as on kernels without the JPEG decode (tbl-kernels 0.2)
+            _thread_pool_jpeg_decode()
+        elif jpeg_decode != "kernel":
+            raise ValueError(f"jpeg_decode must be 'kernel' or 'threads', got {jpeg_decode!r}")
         if aug not in AUGMENTATIONS:
             raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
         kwargs = {"fields": FIELDS} if fields else {}
@@ -135,7 +140,7 @@ class _TblServe:
         self.reopen = reopen
         self.loader = self.open_loader()
         self.info = {"num_threads": threads, "device": device, "verify": verify, "reopen": reopen, "dtype": dtype,
-                     "stage_timing": stage_timing,
+                     "stage_timing": stage_timing, "jpeg_decode": jpeg_decode,
                      **({"jpeg_dct": jpeg_dct} if jpeg_dct != "accurate" else {})}
 
     def run_epoch(self, epoch: int) -> int:
@@ -155,18 +160,72 @@ class _TblServe:
         self.loader.close()
 
 
+def _thread_pool_jpeg_decode() -> None:
+    """This process serves JPEG storage as on kernels without the JPEG decode (tbl-kernels 0.2): whole rows
+    decoded by simplejpeg in a thread pool, then the crop-resize kernel. The kernels' JPEG calls are hidden
+    from the loader, which then takes that path (each configuration runs in its own process)."""
+    import tbl_kernels
+
+    tbl_kernels.decode_crop_resize_jpegs = tbl_kernels.decode_resize_crop_jpegs = None
+
+
 def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed: int = 0, threads=None, device=None,
               verify: str = "never", reopen: bool = False, dtype: str = "float32",
-              fields: bool = False, jpeg_dct: str = "accurate", stage_timing: bool = True):
+              fields: bool = False, jpeg_dct: str = "accurate", stage_timing: bool = True,
+              jpeg_decode: str = "kernel"):
     """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
 
     `size` is the output size of the crop configuration; plain and flip serve the stored size.
     `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost);
     `dtype` the output dtype; `fields` serves FIELDS beside the images (a dataset written by
     `write_fields_dataset`); `jpeg_dct` the IDCT of JPEG storage ("accurate" or "fast"); `stage_timing=False`
-    turns the loader's per-stage clocks off (`loader.time_stages(False)`), to measure what they cost."""
+    turns the loader's per-stage clocks off (`loader.time_stages(False)`), to measure what they cost;
+    `jpeg_decode="threads"` serves JPEG storage by the thread-pool decode of kernels before 0.3 instead of the
+    kernels' own (`"kernel"`, where they have it)."""
     return _TblServe(path, batch_size, aug, level, size, seed, threads, device, verify, reopen, dtype, fields,
-                     jpeg_dct, stage_timing)
+                     jpeg_dct, stage_timing, jpeg_decode)
+
+
+class _JpegDecodeCeiling:
+    """simplejpeg decoding every stored JPEG row whole (full scale, RGB), on `threads` threads: what decoding
+    the same bytes costs with nothing else done (no crop, no resize, no batch)."""
+
+    def __init__(self, path: str, threads: int):
+        try:
+            import simplejpeg
+
+            import tbl_format
+        except ImportError as e:
+            raise SkipConfig(f"the decode ceiling needs simplejpeg and tbl_format: {e}") from e
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.ds = tbl_format.open(path)
+        self.items_per_epoch = len(self.ds)
+        self.blobs = [bytes(b) for b in self.ds.values("image", list(range(self.items_per_epoch)))]
+        self.decode = simplejpeg.decode_jpeg
+        self.pool = ThreadPoolExecutor(threads)
+        self.threads = threads
+        self.info = {"num_threads": threads, "decoder": f"simplejpeg {simplejpeg.__version__}"}
+
+    def run_epoch(self, epoch: int) -> int:
+        blobs, decode = self.blobs, self.decode
+        step = -(-len(blobs) // self.threads)
+
+        def part(k: int) -> int:
+            for b in blobs[k * step : (k + 1) * step]:
+                decode(b, "RGB")
+            return min(len(blobs), (k + 1) * step) - k * step
+
+        return sum(self.pool.map(part, range(self.threads)))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.ds.close()
+
+
+def jpeg_decode_ceiling(path: str, threads: int = 2, **_: object):
+    """Workload factory: the decode-only ceiling of JPEG storage (`_JpegDecodeCeiling`)."""
+    return _JpegDecodeCeiling(path, threads)
 
 
 FIELDS = ("orig_size", "score", "path")

@@ -52,6 +52,12 @@ GOALS = {
     "tbl jpeg256 fast IDCT (as FFCV decodes) vs ffcv jpg256": ("tbl/jpeg256-fastdct", "ffcv/jpg256", 1.3),
     "tbl jpeg256 vs pytorch-pil": ("tbl/jpeg256", "pil/jpeg-tar", 4.0),
     "tbl raw256 vs ffcv raw256": ("tbl/raw256", "ffcv/raw256", 1.5),
+    # issue 38: the JPEG decode inside the kernel pass against the decode alone and against FFCV
+    "tbl jpeg256 vs decode-only ceiling": ("tbl/jpeg256", "decode/jpeg256", 1.0),
+    "tbl jpeg256 vs ffcv jpg256 (issue 38)": ("tbl/jpeg256", "ffcv/jpg256", 2.0),
+    "tbl jpeg256 vs its thread-pool decode": ("tbl/jpeg256", "tbl/jpeg256-threads", 1.0),
+    "tbl jpeg512 vs decode-only ceiling": ("tbl/jpeg512", "decode/jpeg512", 1.0),
+    "tbl jpeg512 vs its thread-pool decode": ("tbl/jpeg512", "tbl/jpeg512-threads", 1.0),
 }
 
 
@@ -90,6 +96,8 @@ def subset_tar(ctx: BenchContext) -> Path:
 TBL_STORAGES = {"tbl/jpeg256": {"max_size": MAX_SIZE, "store": "jpeg"},
                 "tbl/raw256": {"max_size": MAX_SIZE, "store": "raw"},
                 "tbl/fixed224": {"size": OUTPUT_SIZE}}
+# JPEG storage at a larger size cap, where decoding only the crop's region at its DCT scale saves more.
+JPEG_LARGE = {"tbl/jpeg512": {"max_size": 512, "store": "jpeg"}}
 # Config name -> (storage config it serves, ImageLoader jpeg_dct): JPEG storage served with each IDCT.
 TBL_JPEG_DCT = {"tbl/jpeg256-fastdct": ("tbl/jpeg256", "fast")}
 
@@ -148,6 +156,20 @@ def configurations(ctx: BenchContext) -> list[Config]:
         configs.append(Config(NAME, name, "tbl", "tbl_bench.suites.images:tbl_serve",
                               {"path": path, "threads": THREADS, "jpeg_dct": jpeg_dct, **crop},
                               skip=skip, **timing))
+    for name, kwargs in JPEG_LARGE.items():
+        path, skip = files[name] = _tbl_file(ctx, tar, name, kwargs)
+        configs.append(Config(NAME, name, "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, **crop}, skip=skip, **timing))
+    for name in ("tbl/jpeg256", *JPEG_LARGE):
+        path, skip = files[name]
+        # Today's fallback (kernels 0.2): whole rows decoded by simplejpeg in a thread pool, then crop-resize.
+        configs.append(Config(NAME, f"{name}-threads", "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, "jpeg_decode": "threads", **crop},
+                              skip=skip, **timing))
+        # The decode-only ceiling: simplejpeg decoding the same stored bytes whole on THREADS threads.
+        configs.append(Config(NAME, "decode/" + name.split("/", 1)[1], "simplejpeg",
+                              "tbl_bench.suites.images:jpeg_decode_ceiling",
+                              {"path": path, "threads": THREADS, **crop}, role="ceiling", skip=skip, **timing))
     for mode in ("jpg", "raw") if ctx.peers else ():
         path, skip = _ffcv_file(ctx, tar, mode)
         configs.append(Config(NAME, f"ffcv/{mode}{MAX_SIZE}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",

@@ -49,6 +49,14 @@ Pillow and libjpeg build; both versions are recorded in the dataset metadata):
      crop" computed in one resampling pass, with the crop offset kept
      fractional instead of rounded to a pixel.
 7. ``np.asarray`` -> (S, S, 3) uint8, C-contiguous.
+
+The decode stays Pillow's even where tbl-kernels 0.3 decodes JPEG itself
+(``decode_jpeg_region``, the serve-time decoder): at Pillow's draft scale both
+give the same pixels, but the step as a whole (the kernels' decode, then a
+Pillow image of it for steps 4-6) measured no faster on ~1000 px photos
+(4.9 against 5.2 ms at S = 256, 8.6 against 8.5 ms at S = 512, one thread), and
+Pillow's bundled libjpeg-turbo is newer than the system one a source build of
+the kernels links.
 """
 
 from __future__ import annotations

@@ -1,4 +1,23 @@
-"""Serve-time JPEG decoding: simplejpeg (libjpeg-turbo in a pip wheel), GIL released, DCT-domain downscaling.
+"""Serve-time JPEG decoding: in the kernels' batch pass (tbl-kernels 0.3), or simplejpeg in a thread pool.
+
+Two decoders serve JPEG storage, both libjpeg-turbo. Where the kernels have it
+(tbl-kernels 0.3, ``decode_crop_resize_jpegs``), each batch is one kernel call
+that decodes only the part of each row its box needs, at the DCT scale the box
+allows, and crop-resizes it straight into the batch (the *fused* decode, named
+``tbl-kernels/libjpeg-turbo`` with the libjpeg-turbo release the kernels were
+built against). On older kernels, rows are decoded whole by simplejpeg in a
+thread pool (below), then crop-resized by a second kernel call. Both follow the
+rules below (the same DCT scale, the same box mapping, the same crop-resize), so
+they give the same batches where both libraries decode the same pixels at the
+same scale, which they do for the libjpeg-turbo releases tested (2.1.5 in the
+kernels, simplejpeg 1.9.0's bundled one: ``tests/test_decode_jpegs.py`` of
+tbl-kernels compares them at every scale and IDCT). They differ (the decoder's
+identity is in the stream fingerprint either way) on images a few pixels wide
+or high, where simplejpeg, asked for at least ``ceil(H / k) x ceil(W / k)``,
+takes a smaller DCT scale when several give that size (a 1 x 1 image decodes at
+1/8 whatever k); and on damaged rows: the fused decode never reads the rows
+below a box, so bytes damaged there do not stop the box from being served
+(the thread-pool decode refuses the row; a truncated row is refused by both).
 
 Why simplejpeg. Measured on the bench photos (``python -m tbl_bench.jpeg_decoders``;
 see the commit that chose it), it decodes faster than Pillow's bundled
@@ -58,10 +77,12 @@ import numpy as np
 
 from ..errors import ImageGeometryError, JpegDecoderUnavailableError
 
-__all__ = ["DCT_METHODS", "DECODER_NAME", "JpegHeader", "check_dct", "check_jpeg_header", "dct_scale", "decode_jpeg", "decoder_info",
-           "read_jpeg_header", "scale_boxes"]
+__all__ = ["DCT_METHODS", "DECODER_NAME", "FUSED_DECODER_NAME", "JpegHeader", "check_dct", "check_jpeg_header",
+           "dct_scale", "decode_jpeg", "decoder_info", "fused_decoder_info", "read_jpeg_header", "scale_boxes",
+           "serving_decoder_info"]
 
 DECODER_NAME = "simplejpeg"
+FUSED_DECODER_NAME = "tbl-kernels/libjpeg-turbo"
 INSTALL = 'pip install "tbl-loader[jpeg]"'
 _SCALES = (8, 4, 2, 1)
 DCT_METHODS = ("accurate", "fast")
@@ -160,6 +181,21 @@ def _simplejpeg() -> Any:
 def decoder_info() -> dict[str, str]:
     """``{"name": ..., "version": ...}`` of the installed serve-time decoder (JpegDecoderUnavailableError if none)."""
     return {"name": DECODER_NAME, "version": str(_simplejpeg().__version__)}
+
+
+def fused_decoder_info(module: Any) -> dict[str, str]:
+    """``{"name": FUSED_DECODER_NAME, "version": ...}`` of kernels ``module``'s JPEG decode (tbl-kernels 0.3): the
+    libjpeg-turbo release they were built against."""
+    return {"name": FUSED_DECODER_NAME, "version": str(module.jpeg_decoder()["version"])}
+
+
+def serving_decoder_info() -> dict[str, str]:
+    """The decoder that serves JPEG storage here: the kernels' (`fused_decoder_info`) where they decode in the
+    batch pass, else simplejpeg's (`decoder_info`, JpegDecoderUnavailableError if it is not installed)."""
+    from .._kernels import jpeg_decode_kernels
+
+    fused = jpeg_decode_kernels()
+    return decoder_info() if fused is None else fused_decoder_info(fused)
 
 
 def check_dct(dct: Any) -> str:

@@ -12,11 +12,14 @@ A dataset written with ``--max-size`` has an ``image`` leaf of variable size
    of torchvision's geometry (`tbl_loader.image.spec.resized_center_crop_windows`).
    Flips from `tbl_loader.stream.order.flip_draws`, as for fixed-size images.
 2. Sources: raw rows are zero-copy views of the mapped heap (their shapes are
-   checked against the sizes columns); JPEG rows are decoded by ``num_threads``
-   threads (the producer thread and a pool) sharing one counter
-   (`tbl_loader.host.shared_loop`), with the GIL released, at the DCT scale the box
-   allows, and the boxes are mapped onto the decoded images
-   (`tbl_loader.image.jpeg`).
+   checked against the sizes columns). JPEG rows, with kernels that decode
+   (tbl-kernels 0.3), go to the kernel call of step 3 as they are stored:
+   ``decode_crop_resize_jpegs`` / ``decode_resize_crop_jpegs`` decode only what
+   each box needs, at its DCT scale, inside the batch pass. With older kernels
+   they are decoded whole by ``num_threads`` threads (the producer thread and a
+   pool) sharing one counter (`tbl_loader.host.shared_loop`), with the GIL
+   released, at the DCT scale the box allows, and the boxes are mapped onto the
+   decoded images (`tbl_loader.image.jpeg`, which says how the two relate).
 3. One kernel call: crop, resize, flip, normalize and lay out every sample, GIL
    released, parallel over the batch. Boxes go to ``crop_resize_images``
    (crop, then resize the box: torchvision's RandomResizedCrop); windows go to
@@ -35,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .._kernels import kernels, per_sample_kernels
+from .._kernels import jpeg_decode_kernels, kernels, per_sample_kernels
 from ..errors import ImageGeometryError, JpegDecodeError
 from ..host.batch import Batch, host_indices
 from ..host.output import HostArray, OutputSpec, allocate_host
@@ -47,7 +50,15 @@ from ..stream.keys import sample_keys
 from ..stream.order import BatchPlan
 from .fields import FieldReader
 from .geometry import served_geometry
-from .jpeg import check_dct, check_jpeg_header, dct_scale, decode_jpeg, decoder_info, scale_boxes
+from .jpeg import (
+    check_dct,
+    check_jpeg_header,
+    dct_scale,
+    decode_jpeg,
+    decoder_info,
+    scale_boxes,
+    serving_decoder_info,
+)
 from .spec import VARIABLE_IMAGE_KINDS, ImageSpec, fit_windows, resized_center_crop_windows, view_seed
 
 __all__ = ["VariableColumns", "VariableImageSource", "bind_variable", "is_variable", "sample_boxes", "stream_settings"]
@@ -160,7 +171,7 @@ def stream_settings(columns: VariableColumns) -> dict[str, Any]:
     (The evaluation transform's rule is in ``ImageSpec.stream_settings``, the same for every storage.)"""
     settings: dict[str, Any] = {"variable": columns.store}
     if columns.store == "jpeg":
-        settings["decoder"] = decoder_info()
+        settings["decoder"] = serving_decoder_info()
     return settings
 
 
@@ -200,6 +211,8 @@ class VariableImageSource:
                  jpeg_dct: str = "accurate", stats: StageStats | None = None) -> None:
         self.stats = stats if stats is not None else StageStats()  # read and decode time, decoded rows
         self.kernels = per_sample_kernels()  # raises, naming the pip command, with kernels lacking the per-sample calls
+        # JPEG rows decoded inside the kernel pass where the kernels can (tbl-kernels 0.3), else in a thread pool
+        self.fused = jpeg_decode_kernels(self.kernels) if columns.store == "jpeg" else None
         if columns.store == "jpeg":
             self._check_decoder()  # JpegDecoderUnavailableError now, not at the first batch
         self.dataset = dataset
@@ -235,7 +248,8 @@ class VariableImageSource:
         self.dataset.read_ahead(shards_in_read_order(self.dataset.segment_rows, epoch_order.dataset_rows))
 
     def _check_decoder(self) -> None:
-        decoder_info()  # the CPU decoder (tbl_loader.gpu_decode's source decodes elsewhere)
+        if self.fused is None:
+            decoder_info()  # the thread-pool decoder (tbl_loader.gpu_decode's source decodes elsewhere)
 
     def allocate(self, capacity: int, output: OutputSpec) -> dict[str, HostArray]:
         buffers = {"images": allocate_host((capacity, *self.out_shape), self.spec.dtype, output)}
@@ -305,6 +319,12 @@ class VariableImageSource:
         if self.columns.store == "raw":
             images = self._raw_views(values, ids)
             region = boxes
+        elif self.fused is not None:
+            t0 = self.stats.clock()
+            self._decode_in_kernel(values, ids, boxes, flip, out_hw, out)
+            self.stats.decode_s += self.stats.clock() - t0
+            self.stats.decoded_rows += ids.shape[0]
+            return served_geometry(self._decoded_region(ids, boxes, out_hw), flip, ids.shape[0], out_hw)
         else:
             t0 = self.stats.clock()
             images, boxes = self._decode(values, ids, boxes, out_hw, decoded)
@@ -317,6 +337,39 @@ class VariableImageSource:
             region = boxes * np.tile(full / decoded_hw, (1, 2))
         kernel(images, boxes, out, self.table, None if flip is None else flip.view(np.uint8), self.spec.layout)
         return served_geometry(region, flip, ids.shape[0], out_hw)
+
+    def _decode_in_kernel(self, blobs: list[Any], ids: np.ndarray, boxes: np.ndarray, flip: Any,
+                          out_hw: tuple[int, int], out: np.ndarray) -> None:
+        """One kernel call decodes, crops, resizes, flips and normalizes the rows ``blobs`` into ``out``; a row that
+        cannot be served raises what the thread-pool decode raises for it (ImageGeometryError or
+        JpegDecodeError, with the same message where its header is at fault)."""
+        fused = self.fused
+        windows = boxes.dtype == np.float64  # the evaluation transform's windows, else int32 crop boxes
+        kernel = fused.decode_resize_crop_jpegs if windows else fused.decode_crop_resize_jpegs
+        sizes = np.stack([self.columns.heights[ids], self.columns.widths[ids]], axis=1)
+        try:
+            kernel(blobs, sizes, boxes, out, self.table, None if flip is None else flip.view(np.uint8),
+                   self.spec.layout, dct=self.jpeg_dct)
+        except fused.JpegError as e:
+            k = e.index
+            self._check_headers([blobs[k]], ids[k : k + 1])  # today's message, where the header is at fault
+            message = str(e).split(": ", 1)[-1]
+            if e.kind == "size":
+                raise ImageGeometryError(f"{self.path}: row {int(ids[k])}: {message}") from None
+            raise JpegDecodeError(self.path, int(ids[k]), message) from None
+
+    def _decoded_region(self, ids: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+        """The region of stored pixels each sample of a fused decode came from: the box (or window) mapped onto
+        the image decoded at its DCT scale and back (the kernel's rule, `tbl_loader.image.jpeg`)."""
+        h, w = self.columns.heights[ids], self.columns.widths[ids]
+        scales = dct_scale(boxes[:, 2], boxes[:, 3], *out_hw)
+        decoded = np.stack([-(-h // scales), -(-w // scales)], axis=1)
+        full = np.stack([h, w], axis=1)
+        if boxes.dtype == np.float64:  # windows (evaluation transform)
+            mapped = fit_windows(boxes * np.tile(decoded / full, (1, 2)), decoded)
+        else:
+            mapped = scale_boxes(boxes, full, decoded)
+        return mapped * np.tile(full / decoded, (1, 2))
 
     def _check_headers(self, blobs: list[Any], ids: np.ndarray) -> None:
         """Each JPEG row's frame header against its height/width columns, before a decoder allocates
