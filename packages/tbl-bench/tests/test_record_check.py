@@ -91,3 +91,18 @@ def test_arguments_are_checked(tmp_path):
         main(["--data-dir", str(tmp_path), "--sources", "tar,lmdb"])
     with pytest.raises(SystemExit):
         main(["--data-dir", str(tmp_path), "--peer-python", str(tmp_path / "missing")])
+
+
+def test_the_peer_is_timed_in_every_round_and_read_against_the_parquet(tmp_path, checked, capsys):
+    """A stand-in peer interpreter that answers what litdata_optimize_parquet returns: the rows written."""
+    data, _, _ = checked
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nfor last; do :; done\necho {IMAGES} > "$last"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "peer.json"
+    assert main(["--data-dir", str(data), "--images", str(IMAGES), "--size", "32", "--rounds", "2",
+                 "--workers", "1", "--sources", "parquet", "--peer-python", str(fake), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["seconds"][PEER]) == 2 and all(s > 0 for s in result["seconds"][PEER])
+    assert result["parquet_vs_peer"][0] > 0
+    assert f"| {PEER} |" in capsys.readouterr().out

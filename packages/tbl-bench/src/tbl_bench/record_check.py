@@ -31,7 +31,8 @@ way.
 
 The table: per source, the seconds (median, min-max over rounds), images per second at the median, the
 median over rounds of the TAR's seconds over the source's in the same round (the throughput ratio; the
-goal is >= 0.9x) and the 1-minute load average before its conversions (min-max).
+goal is >= 0.9x) and the 1-minute load average before its conversions (min-max); with a peer, the median
+over rounds of litdata's seconds over ``parquet``'s, same round.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CAPTION_FIELDS", "SOURCES", "caption", "check_rows", "main", "prepare"]
+__all__ = ["CAPTION_FIELDS", "PEER", "SOURCES", "caption", "check_rows", "main", "peer_ratio", "prepare", "summarize"]
 
 SOURCES = ("folder", "tar", "webdataset", "parquet", "hf", "manifest")
 PEER = "litdata-from-parquet"
@@ -238,6 +239,13 @@ def summarize(seconds: dict[str, list[float | None]], loads: dict[str, list[floa
     return out
 
 
+def peer_ratio(seconds: dict[str, list[float | None]]) -> tuple[float, float, float] | None:
+    """tbl-from-parquet's throughput over litdata-from-parquet's in the same round: (median, min, max)."""
+    ratios = [p / t for t, p in zip(seconds.get("parquet", []), seconds.get(PEER, []), strict=False)
+              if t is not None and p is not None]
+    return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
+
+
 def _print(table: list[dict[str, Any]]) -> None:
     print("| source | seconds, median (range) | images/s | vs TAR, same round: median (range) | load (1 min) |")
     print("|---|---:|---:|---:|---:|")
@@ -336,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"- {name}: tbl convert {' '.join(commands[name])} DST")
     _print(table)
+    versus = peer_ratio(seconds)
+    if versus is not None:
+        print(f"parquet (tbl convert) vs {PEER}, same round: {versus[0]:.2f}x ({_span(list(versus[1:]), '.2f')})")
     for name, diff in checks.items():
         print(f"{name}: {'equal row for row to the folder (images, labels, captions)' if diff is None else diff}")
     for name, why in failures.items():
@@ -343,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"images": args.images, "size": args.size, "workers": workers,
                                          "rounds": args.rounds, "seconds": seconds, "loads": loads,
-                                         "table": table, "checks": checks, "failures": failures}, indent=2))
+                                         "table": table, "parquet_vs_peer": versus, "checks": checks,
+                                         "failures": failures}, indent=2))
     failed = set(failures) - {PEER}
     return 0 if not failed and all(d is None for d in checks.values()) and len(checks) == len(names) - 1 - (
         PEER in names) else 1
