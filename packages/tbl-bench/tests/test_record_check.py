@@ -36,7 +36,8 @@ def test_every_layout_converts_equal_to_the_folder(checked, capsys):
     table = {row["source"]: row for row in result["table"]}
     assert set(table) == set(SOURCES) and PEER not in table
     assert table["tar"]["vs_tar"] == 1.0
-    assert all(row["rounds"] == 1 and row["seconds"] > 0 for row in table.values())
+    assert all(row["rounds"] == 1 and row["seconds"] > 0 and row["cpu_seconds"] > 0 for row in table.values())
+    assert table["tar"]["vs_tar_cpu"] == 1.0
 
 
 def test_layouts_hold_the_captions_and_labels(checked):

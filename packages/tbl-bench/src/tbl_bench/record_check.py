@@ -31,8 +31,10 @@ way.
 
 The table: per source, the seconds (median, min-max over rounds), images per second at the median, the
 median over rounds of the TAR's seconds over the source's in the same round (the throughput ratio; the
-goal is >= 0.9x) and the 1-minute load average before its conversions (min-max); with a peer, the median
-over rounds of litdata's seconds over ``parquet``'s, same round.
+goal is >= 0.9x), the CPU seconds (user + system of the command and its workers) and the same ratio by
+them, and the 1-minute load average before its conversions (min-max); with a peer, the median over rounds of
+litdata's seconds over ``parquet``'s, same round. On a machine shared with other work the wall times move
+with the load; the CPU seconds, the work each conversion did, much less.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -156,31 +159,41 @@ def _load1() -> float | None:
     return load[0] if load else None
 
 
-def _tbl_convert(args: list[str], dst: Path, size: int, workers: int, timeout: float) -> float:
-    """Seconds of one `tbl convert` command in a subprocess (RuntimeError with its stderr when it fails)."""
+def _timed(run: Callable[[], Any]) -> tuple[Any, float, float]:
+    """``run()``'s result, its wall seconds and the CPU seconds (user + system) of the child processes it
+    waited for, theirs included: the CPU figure moves less than the wall time when others share the cores."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = run()
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return result, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _tbl_convert(args: list[str], dst: Path, size: int, workers: int, timeout: float) -> tuple[float, float]:
+    """Wall and CPU seconds of one `tbl convert` command in a subprocess (RuntimeError with its stderr when it
+    fails)."""
     src, options = args[0], args[1:]
     cmd = [sys.executable, "-m", "tbl_format.cli", "convert", src, str(dst), "--size", str(size),
            "--mode", "squash", "--workers", str(workers), "--quiet", *options]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    seconds = time.perf_counter() - start
+    done, wall, cpu = _timed(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=timeout))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited with {done.returncode}: {done.stderr[-2000:]}")
-    return seconds
+    return wall, cpu
 
 
 def _litdata(peer_python: str, parquet: str, dst: Path, size: int, workers: int, timeout: float,
-             images: int) -> float:
-    """Seconds of litdata `optimize` over the Parquet under ``peer_python`` (`tbl_bench.runner.call_in`)."""
+             images: int) -> tuple[float, float]:
+    """Wall and CPU seconds of litdata `optimize` over the Parquet under ``peer_python``
+    (`tbl_bench.runner.call_in`)."""
     from tbl_bench.runner import call_in
 
-    start = time.perf_counter()
-    n = call_in(peer_python, "tbl_bench.peers.litdata_peer:litdata_optimize_parquet",
-                {"parquet": parquet, "dst": str(dst), "size": size, "workers": workers}, timeout_s=timeout)
-    seconds = time.perf_counter() - start
+    n, wall, cpu = _timed(lambda: call_in(
+        peer_python, "tbl_bench.peers.litdata_peer:litdata_optimize_parquet",
+        {"parquet": parquet, "dst": str(dst), "size": size, "workers": workers}, timeout_s=timeout))
     if n != images:
         raise RuntimeError(f"litdata optimize wrote {n} samples, not {images}")
-    return seconds
+    return wall, cpu
 
 
 def check_rows(path: Path, caption_field: str, reference: Path) -> str | None:
@@ -218,37 +231,46 @@ def _span(values: list[float], fmt: str) -> str:
     return f"{format(min(values), fmt)}-{format(max(values), fmt)}" if len(values) > 1 else format(values[0], fmt)
 
 
-def summarize(seconds: dict[str, list[float | None]], loads: dict[str, list[float | None]],
-              images: int) -> list[dict[str, Any]]:
-    """One row per source: seconds (median, min, max), images/s at the median, the median over rounds of the
-    TAR's seconds over its own in the same round, the load before its conversions."""
+def _ratios(mine: list[float | None], theirs: list[float | None]) -> list[float]:
+    """Their seconds over mine, round by round (my throughput over theirs), where both ran."""
+    return [t / m for m, t in zip(mine, theirs, strict=False) if m is not None and t is not None]
+
+
+def summarize(seconds: dict[str, list[float | None]], cpu: dict[str, list[float | None]],
+              loads: dict[str, list[float | None]], images: int) -> list[dict[str, Any]]:
+    """One row per source: wall seconds (median, min, max), images/s at the median, the median over rounds of
+    the TAR's seconds over its own in the same round (range), the same by CPU seconds, the load before its
+    conversions."""
     out = []
-    tar = seconds.get("tar", [])
     for name, times in seconds.items():
         done = [t for t in times if t is not None]
         if not done:
             continue
-        ratios = [t_tar / t for t, t_tar in zip(times, tar, strict=False) if t is not None and t_tar is not None]
+        wall = _ratios(times, seconds.get("tar", []))
+        by_cpu = _ratios(cpu[name], cpu.get("tar", []))
+        used = [c for c in cpu[name] if c is not None]
         load = [x for x in loads.get(name, []) if x is not None]
         median = statistics.median(done)
         out.append({"source": name, "seconds": median, "seconds_min": min(done), "seconds_max": max(done),
                     "rounds": len(done), "images_per_s": images / median,
-                    "vs_tar": statistics.median(ratios) if ratios else None,
-                    "vs_tar_min": min(ratios) if ratios else None, "vs_tar_max": max(ratios) if ratios else None,
+                    "vs_tar": statistics.median(wall) if wall else None,
+                    "vs_tar_min": min(wall) if wall else None, "vs_tar_max": max(wall) if wall else None,
+                    "cpu_seconds": statistics.median(used) if used else None,
+                    "vs_tar_cpu": statistics.median(by_cpu) if by_cpu else None,
                     "load_min": min(load) if load else None, "load_max": max(load) if load else None})
     return out
 
 
 def peer_ratio(seconds: dict[str, list[float | None]]) -> tuple[float, float, float] | None:
     """tbl-from-parquet's throughput over litdata-from-parquet's in the same round: (median, min, max)."""
-    ratios = [p / t for t, p in zip(seconds.get("parquet", []), seconds.get(PEER, []), strict=False)
-              if t is not None and p is not None]
+    ratios = _ratios(seconds.get("parquet", []), seconds.get(PEER, []))
     return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
 
 
 def _print(table: list[dict[str, Any]]) -> None:
-    print("| source | seconds, median (range) | images/s | vs TAR, same round: median (range) | load (1 min) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| source | seconds, median (range) | images/s | vs TAR, same round: median (range) | CPU s, median "
+          "| vs TAR by CPU s | load (1 min) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in table:
         secs = f"{r['seconds']:.2f} ({_span([r['seconds_min'], r['seconds_max']], '.2f')})"
         if r["vs_tar"] is None:
@@ -258,7 +280,9 @@ def _print(table: list[dict[str, Any]]) -> None:
             if r["source"] not in ("tar", PEER) and r["vs_tar"] < GOAL:
                 ratio += f", below {GOAL}x"
         load = _span([r["load_min"], r["load_max"]], ".2f") if r["load_min"] is not None else "-"
-        print(f"| {r['source']} | {secs} | {r['images_per_s']:.0f} | {ratio} | {load} |")
+        used = f"{r['cpu_seconds']:.1f}" if r["cpu_seconds"] is not None else "-"
+        by_cpu = f"{r['vs_tar_cpu']:.2f}x" if r["vs_tar_cpu"] is not None else "-"
+        print(f"| {r['source']} | {secs} | {r['images_per_s']:.0f} | {ratio} | {used} | {by_cpu} | {load} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer_python is not None:
         names.append(PEER)
     seconds: dict[str, list[float | None]] = {n: [] for n in names}
+    cpu: dict[str, list[float | None]] = {n: [] for n in names}
     loads: dict[str, list[float | None]] = {n: [] for n in names}
     failures: dict[str, str] = {}
     checks: dict[str, str | None] = {}
@@ -301,21 +326,22 @@ def main(argv: list[str] | None = None) -> int:
             dsts = {}
             for name in order:
                 dst = out / (name if name == PEER else f"{name}.tbl")
-                taken = None
+                taken = used = None
                 if name not in failures:
                     loads[name].append(_load1())
                     try:
                         if name == PEER:
-                            taken = _litdata(args.peer_python, commands[PEER][0], dst, args.size, workers,
+                            taken, used = _litdata(args.peer_python, commands[PEER][0], dst, args.size, workers,
                                              args.timeout, args.images)
                         else:
-                            taken = _tbl_convert(commands[name], dst, args.size, workers, args.timeout)
+                            taken, used = _tbl_convert(commands[name], dst, args.size, workers, args.timeout)
                     except (RuntimeError, subprocess.TimeoutExpired) as e:
                         failures[name] = str(e)
                         print(f"round {r}: {name} failed: {e}", file=sys.stderr)
                 seconds[name].append(taken)
+                cpu[name].append(used)
                 if taken is not None:
-                    print(f"round {r}: {name} {taken:.2f} s", file=sys.stderr)
+                    print(f"round {r}: {name} {taken:.2f} s, {used:.2f} CPU s", file=sys.stderr)
                 if r == 0 and name != PEER:
                     dsts[name] = dst
                 else:
@@ -335,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                     _drop(dst)
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    table = summarize(seconds, loads, args.images)
+    table = summarize(seconds, cpu, loads, args.images)
     print(f"tbl convert of {args.images:,} photos with captions at --size {args.size} --mode squash, "
           f"{workers} worker(s), {args.rounds} round(s)")
     for name in names:
@@ -344,17 +370,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"- {name}: tbl convert {' '.join(commands[name])} DST")
     _print(table)
-    versus = peer_ratio(seconds)
-    if versus is not None:
-        print(f"parquet (tbl convert) vs {PEER}, same round: {versus[0]:.2f}x ({_span(list(versus[1:]), '.2f')})")
+    versus, versus_cpu = peer_ratio(seconds), peer_ratio(cpu)
+    if versus is not None and versus_cpu is not None:
+        print(f"parquet (tbl convert) vs {PEER}, same round: {versus[0]:.2f}x ({_span(list(versus[1:]), '.2f')}); "
+              f"by CPU seconds {versus_cpu[0]:.2f}x ({_span(list(versus_cpu[1:]), '.2f')})")
     for name, diff in checks.items():
         print(f"{name}: {'equal row for row to the folder (images, labels, captions)' if diff is None else diff}")
     for name, why in failures.items():
         print(f"{name}: FAILED: {why[-500:]}")
     if args.json is not None:
         args.json.write_text(json.dumps({"images": args.images, "size": args.size, "workers": workers,
-                                         "rounds": args.rounds, "seconds": seconds, "loads": loads,
-                                         "table": table, "parquet_vs_peer": versus, "checks": checks,
+                                         "rounds": args.rounds, "seconds": seconds, "cpu_seconds": cpu, "loads": loads,
+                                         "table": table, "parquet_vs_peer": versus, "parquet_vs_peer_cpu": versus_cpu, "checks": checks,
                                          "failures": failures}, indent=2))
     failed = set(failures) - {PEER}
     return 0 if not failed and all(d is None for d in checks.values()) and len(checks) == len(names) - 1 - (
