@@ -42,16 +42,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 __all__ = ["CAPTION_FIELDS", "PEER", "SOURCES", "caption", "check_rows", "main", "peer_ratio", "prepare", "summarize"]
 
@@ -159,15 +161,60 @@ def _load1() -> float | None:
     return load[0] if load else None
 
 
+class _TreeCpu:
+    """CPU seconds (user + system) of every process below this one while it runs, polled every ``POLL_S``.
+
+    ``getrusage(RUSAGE_CHILDREN)`` does not see `tbl convert`'s workers: they are the forkserver's children,
+    and the forkserver is never waited for. Polling the process tree sees every process that lives longer
+    than a poll; each one's last poll before it ends is what it is counted for (at most ``POLL_S`` short per
+    process). A process's own times only: a parent's ``children_*`` times would count its children twice.
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, float], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _sample(self) -> None:
+        try:
+            children = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in children:
+            try:
+                with proc.oneshot():
+                    key, times = (proc.pid, proc.create_time()), proc.cpu_times()
+            except psutil.Error:  # ended between the listing and the read: its last poll stands
+                continue
+            self.seen[key] = max(self.seen.get(key, 0.0), times.user + times.system)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            self._sample()
+
+    def __enter__(self) -> _TreeCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
+
+
 def _timed(run: Callable[[], Any]) -> tuple[Any, float, float]:
-    """``run()``'s result, its wall seconds and the CPU seconds (user + system) of the child processes it
-    waited for, theirs included: the CPU figure moves less than the wall time when others share the cores."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    result = run()
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return result, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    """``run()``'s result, its wall seconds and the CPU seconds of the processes it started (`_TreeCpu`): the
+    CPU figure moves less than the wall time when others share the cores."""
+    with _TreeCpu() as cpu:
+        start = time.perf_counter()
+        result = run()
+        wall = time.perf_counter() - start
+    return result, wall, cpu.seconds
 
 
 def _tbl_convert(args: list[str], dst: Path, size: int, workers: int, timeout: float) -> tuple[float, float]:
