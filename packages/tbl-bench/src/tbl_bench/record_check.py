@@ -217,12 +217,16 @@ def _timed(run: Callable[[], Any]) -> tuple[Any, float, float]:
     return result, wall, cpu.seconds
 
 
+def _options(size: int, workers: int) -> list[str]:
+    """The options every source's `tbl convert` is given."""
+    return ["--size", str(size), "--mode", "squash", "--workers", str(workers), "--quiet"]
+
+
 def _tbl_convert(args: list[str], dst: Path, size: int, workers: int, timeout: float) -> tuple[float, float]:
     """Wall and CPU seconds of one `tbl convert` command in a subprocess (RuntimeError with its stderr when it
     fails)."""
     src, options = args[0], args[1:]
-    cmd = [sys.executable, "-m", "tbl_format.cli", "convert", src, str(dst), "--size", str(size),
-           "--mode", "squash", "--workers", str(workers), "--quiet", *options]
+    cmd = [sys.executable, "-m", "tbl_format.cli", "convert", src, str(dst), *_options(size, workers), *options]
     done, wall, cpu = _timed(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=timeout))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited with {done.returncode}: {done.stderr[-2000:]}")
@@ -415,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == PEER:
             print(f"- {name}: litdata optimize over {commands[PEER][0]} under {args.peer_python}")
         else:
-            print(f"- {name}: tbl convert {' '.join(commands[name])} DST")
+            src, *options = commands[name]
+            print(f"- {name}: tbl convert {' '.join([src, 'DST', *_options(args.size, workers), *options])}")
     _print(table)
     versus, versus_cpu = peer_ratio(seconds), peer_ratio(cpu)
     if versus is not None and versus_cpu is not None:
