@@ -27,16 +27,16 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LAYOUTS", "ROW_GROUP_ROWS", "SHARD_SAMPLES", "layout_path", "write_layout"]
+__all__ = ["LAYOUTS", "ROW_GROUP_ROWS", "SHARD_SAMPLES", "layout_path", "tar_samples", "write_layout"]
 
 SHARD_SAMPLES = 1000  # keys per WebDataset shard (img2dataset's default is 10,000: larger shards, same reading)
 ROW_GROUP_ROWS = 256  # rows per Parquet row group (~30 MiB of 250-500 px JPEGs)
 LAYOUTS = ("webdataset", "parquet", "hf", "manifest")
 
 
-def _members(tar: str) -> list[tuple[str, int, bytes]]:
+def tar_samples(tar: str | os.PathLike[str]) -> list[tuple[str, int, bytes]]:
     """(name, label, bytes) of the TAR's images in sorted name order; label: index of the sorted class folder."""
-    with tarfile.open(tar) as tf:
+    with tarfile.open(os.fspath(tar)) as tf:
         found = [(m.name, tf.extractfile(m).read()) for m in tf if m.isfile()]  # type: ignore[union-attr]
     found.sort()
     classes = sorted({n.rsplit("/", 2)[-2] for n, _ in found})
@@ -105,7 +105,7 @@ def write_layout(tar: str | os.PathLike[str], layout: str, dst: str | os.PathLik
     if layout == "manifest":
         tmp.mkdir()
     try:
-        _WRITERS[layout](_members(os.fspath(tar)), tmp)
+        _WRITERS[layout](tar_samples(tar), tmp)
         os.replace(tmp, dst)
     except BaseException:
         if tmp.is_dir():
