@@ -82,7 +82,7 @@ def test_subset_tar_holds_the_first_rows_of_the_bench_tar(run, monkeypatch):
 def test_ffcv_runs_or_is_skipped_with_its_import_error(run):
     _, doc = run
     results = {r["name"]: r for r in doc["suites"]["variable_images"]["results"]}
-    for name in ("ffcv/jpg256", "ffcv/raw256"):
+    for name in ("ffcv/jpg256", "ffcv/raw256", "ffcv/jpg512"):
         if importlib.util.find_spec("ffcv") is None:
             assert results[name]["status"] == "skipped"
             assert "ffcv does not import" in results[name]["reason"]

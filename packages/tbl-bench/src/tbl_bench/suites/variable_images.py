@@ -58,6 +58,7 @@ GOALS = {
     "tbl jpeg256 vs its thread-pool decode": ("tbl/jpeg256", "tbl/jpeg256-threads", 1.0),
     "tbl jpeg512 vs decode-only ceiling": ("tbl/jpeg512", "decode/jpeg512", 1.0),
     "tbl jpeg512 vs its thread-pool decode": ("tbl/jpeg512", "tbl/jpeg512-threads", 1.0),
+    "tbl jpeg512 vs ffcv jpg512 (issue 38)": ("tbl/jpeg512", "ffcv/jpg512", 2.0),
 }
 
 
@@ -117,7 +118,7 @@ def _tbl_file(ctx: BenchContext, tar: Path, name: str, kwargs: dict) -> tuple[st
     return str(path), None
 
 
-def _ffcv_file(ctx: BenchContext, tar: Path, write_mode: str) -> tuple[str, str | None]:
+def _ffcv_file(ctx: BenchContext, tar: Path, write_mode: str, max_resolution: int = MAX_SIZE) -> tuple[str, str | None]:
     try:
         reason = ctx.peer_call("tbl_bench.peers.ffcv_peer:ffcv_unavailable_reason", {})
     except RuntimeError as e:
@@ -125,11 +126,11 @@ def _ffcv_file(ctx: BenchContext, tar: Path, write_mode: str) -> tuple[str, str 
     if reason is not None:
         return "", reason
     try:
-        path = ctx.peer_artifact(f"{tar.stem}-{write_mode}{MAX_SIZE}.beton",
+        path = ctx.peer_artifact(f"{tar.stem}-{write_mode}{max_resolution}.beton",
                                  {"kind": "ffcv_photos", "tar": tar.name, "write_mode": write_mode,
-                                  "max_resolution": MAX_SIZE},
+                                  "max_resolution": max_resolution},
                                  "tbl_bench.peers.ffcv_peer:ffcv_write_photos",
-                                 {"tar": str(tar), "write_mode": write_mode, "max_resolution": MAX_SIZE,
+                                 {"tar": str(tar), "write_mode": write_mode, "max_resolution": max_resolution,
                                   "workers": THREADS})
     except DataUnavailable as e:
         return "", str(e)
@@ -170,9 +171,10 @@ def configurations(ctx: BenchContext) -> list[Config]:
         configs.append(Config(NAME, "decode/" + name.split("/", 1)[1], "simplejpeg",
                               "tbl_bench.suites.images:jpeg_decode_ceiling",
                               {"path": path, "threads": THREADS, **crop}, role="ceiling", skip=skip, **timing))
-    for mode in ("jpg", "raw") if ctx.peers else ():
-        path, skip = _ffcv_file(ctx, tar, mode)
-        configs.append(Config(NAME, f"ffcv/{mode}{MAX_SIZE}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
+    # FFCV's two modes at 256, and its JPEG mode at 512 too (max_resolution equal to TBL's --max-size)
+    for mode, size in (("jpg", MAX_SIZE), ("raw", MAX_SIZE), ("jpg", 512)) if ctx.peers else ():
+        path, skip = _ffcv_file(ctx, tar, mode, size)
+        configs.append(Config(NAME, f"ffcv/{mode}{size}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
                               {"path": path, "workers": THREADS, **crop},
                               skip=skip, peer=True, **timing))
     configs.append(Config(NAME, "pil/jpeg-tar", "pil", "tbl_bench.peers.pil:pil_loader",
