@@ -716,7 +716,7 @@ def test_fetchers_share_one_download_pool_and_reads_go_first():
     behind their downloads ahead runs before them, and the threads end when the last fetcher closes."""
     import threading
 
-    from tbl_loader.source.fetcher import Fetcher, download_pool
+    from tbl_loader.source.fetcher import READ, Fetcher, download_pool
 
     def names() -> set[threading.Thread]:
         return {t for t in threading.enumerate() if t.name == "tbl-download"}
@@ -735,7 +735,10 @@ def test_fetchers_share_one_download_pool_and_reads_go_first():
             f.schedule([100 * i + j for j in range(3)])  # 60 downloads ahead queued, 4 of them running
         reader = threading.Thread(target=fetchers[-1].fetch_now, args=([7],))
         reader.start()
-        time.sleep(0.2)
+        pool, end = download_pool(), time.monotonic() + 10
+        # The read is queued before the gate opens (a loaded machine may start the reader thread late)
+        while not any(entry[0] == READ for entry in pool._queue) and time.monotonic() < end:
+            time.sleep(0.01)
         assert len(names() - before) == 4
         gate.set()
         reader.join(10)
