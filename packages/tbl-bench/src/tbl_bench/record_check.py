@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -72,19 +71,9 @@ def caption(index: int, name: str) -> str:
 
 def _written(path: Path, write: Callable[[Path], None]) -> Path:
     """``path``, written by ``write(tmp)`` under a temporary name and renamed into place (kept when present)."""
-    if path.exists():
-        return path
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp.is_dir():
-            shutil.rmtree(tmp)
-        else:
-            tmp.unlink(missing_ok=True)
-        raise
-    return path
+    from tbl_bench.record_sources import write_atomically
+
+    return path if path.exists() else write_atomically(path, write)
 
 
 def _write_folder(rows: list[tuple[str, int, str, bytes]], out: Path) -> None:

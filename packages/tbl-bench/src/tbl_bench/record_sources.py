@@ -27,7 +27,8 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LAYOUTS", "ROW_GROUP_ROWS", "SHARD_SAMPLES", "layout_path", "tar_samples", "write_layout"]
+__all__ = ["LAYOUTS", "ROW_GROUP_ROWS", "SHARD_SAMPLES", "layout_path", "tar_samples", "write_atomically",
+           "write_layout"]
 
 SHARD_SAMPLES = 1000  # keys per WebDataset shard (img2dataset's default is 10,000: larger shards, same reading)
 ROW_GROUP_ROWS = 256  # rows per Parquet row group (~30 MiB of 250-500 px JPEGs)
@@ -100,12 +101,20 @@ def write_layout(tar: str | os.PathLike[str], layout: str, dst: str | os.PathLik
         layout: "webdataset", "parquet", "hf" or "manifest".
         dst: the folder (the Parquet file) to write; it must not exist.
     """
-    dst = Path(dst)
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    if layout == "manifest":
-        tmp.mkdir()
-    try:
+    def write(tmp: Path) -> None:
+        if layout == "manifest":
+            tmp.mkdir()
         _WRITERS[layout](tar_samples(tar), tmp)
+
+    write_atomically(Path(dst), write)
+
+
+def write_atomically(dst: Path, write: Callable[[Path], None]) -> Path:
+    """``write(tmp)`` (a file or a folder) under a temporary name beside ``dst``, renamed to ``dst`` once
+    whole: an interrupted run leaves nothing under ``dst`` (the temporary is removed)."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
         os.replace(tmp, dst)
     except BaseException:
         if tmp.is_dir():
@@ -113,3 +122,4 @@ def write_layout(tar: str | os.PathLike[str], layout: str, dst: str | os.PathLik
         else:
             tmp.unlink(missing_ok=True)
         raise
+    return dst
