@@ -471,6 +471,40 @@ def test_a_mix_downloads_its_streamed_sources_shards_ahead_of_its_reads(s3_serve
     assert len(where) >= 6 and ahead >= 0.75 * len(where), where
 
 
+def test_a_mix_reading_a_url_ahead_resumes_and_splits_over_two_ranks_as_the_local_mix(s3_server, local_rows, rows_url,
+                                                                                        tmp_path):
+    """The Mix's read-ahead of a URL source (through a quarter cache) under resume mid-epoch and two ranks: the
+    same batches as the Mix of the local dataset, resumed or split the same way."""
+    from tbl_loader import Mix
+
+    remote = dict(cache_dir=tmp_path, cache_limit=sum(_shard_bytes(local_rows)) // 4,
+                  storage_options=s3_server.storage_options)
+
+    def mix(first, **kw):
+        return Mix([first, PyTreeDataset(local_rows)], weights=(0.6, 0.4), epoch_size=240, batch_size=8, seed=5,
+                   prefetch=2, return_sources=True, **kw)
+
+    def same(got, want):
+        assert len(got) == len(want)
+        for (gb, gs), (wb, ws) in zip(got, want, strict=True):
+            assert np.array_equal(gs, ws)
+            assert_tree_equal(gb, wb)
+
+    with mix(PyTreeDataset(local_rows)) as m:
+        want = list(m)
+    with mix(PyTreeDataset(rows_url, **remote)) as m:
+        it = iter(m)
+        head = [next(it) for _ in range(11)]
+        state = m.state_dict()
+    with mix(PyTreeDataset(rows_url, **remote)) as m:
+        m.load_state_dict(state)
+        same(head + list(m), want)
+    for rank in range(2):
+        with mix(PyTreeDataset(local_rows), rank=rank, world_size=2) as a, \
+                mix(PyTreeDataset(rows_url, **remote), rank=rank, world_size=2) as b:
+            same(list(b), list(a))
+
+
 def test_mix_of_a_remote_and_a_local_dataset_equals_the_local_mix(s3_server, local_rows, rows_url, tmp_path):
     from tbl_loader import Mix
 
