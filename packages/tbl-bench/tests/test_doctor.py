@@ -51,6 +51,12 @@ def test_one_thread_jpeg_decode_is_named(jpeg_path):
     assert any("--store raw" in c for c in changes)
     if report["machine"]["cores"] > 1:
         assert changes[0].endswith("loader threads instead of 1 (one per core here)")
+        # The prediction is the same loader measured on every core.
+        all_cores = report["measured"]["all_cores_batches_per_s"]
+        assert all_cores is not None and all_cores > 0
+        assert report["advice"][0]["predicted_batches_per_s"] == all_cores
+    else:
+        assert report["measured"]["all_cores_batches_per_s"] is None
 
 
 def test_a_sleeping_transform_is_named(fixed_path):
@@ -67,6 +73,7 @@ def test_a_sleeping_transform_is_named(fixed_path):
     assert untransformed is not None and untransformed > report["measured"]["batches_per_s"]
     assert report["advice"][0]["predicted_batches_per_s"] == untransformed
     assert report["measured"]["warm_batches_per_s"] is None
+    assert report["measured"]["all_cores_batches_per_s"] is None
 
 
 def test_a_slow_training_step_is_named_consumer(fixed_path):

@@ -11,8 +11,11 @@ and for JPEG storage the decode speed of all cores. It prints the time per
 batch of every stage, how far the loader is from each ceiling, the stage that
 bounds throughput, and what to change, with the throughput predicted after the
 change where a measurement supports a prediction. A URL bound by its downloads
-is measured a second time over the rows whose shards the run left cached (a few
-seconds more): that is the prediction for a cache that holds the dataset.
+is measured a second time over the rows whose shards the run left cached (as
+long again): that is the prediction for a cache that holds the dataset. So are
+a loader bound by decode or the kernel on fewer threads than cores (on every
+core: the prediction for more threads) and one bound by its transform (without
+it).
 
 How the bound stage is named. The producer thread runs read, decode, kernel
 and the user's transform one after the other; the consumer runs the training
@@ -168,16 +171,27 @@ def _run_loader(loader: Any, seconds: float, consume: Any, progress: bool) -> tu
     return _delta(after, before), wall, out_bytes
 
 
-def _rate_without_transform(make: Any, seconds: float, consume: Any) -> float | None:
-    """Batches per second of the same loader without the user's transform. Measured, not modelled: while a slow
-    transform spaces batches out, every other stage runs cold (thread pools asleep, caches evicted) and takes
-    about twice what it takes at full pace, so the stage times of the bound run overstate what remains."""
-    loader = make(with_transform=False)
+def _rate_of(loader: Any, seconds: float, consume: Any) -> float | None:
+    """Batches per second of ``loader`` measured as the diagnosis is (closed after)."""
     try:
         delta, wall, _ = _run_loader(loader, seconds, consume, False)
     finally:
         loader.close()
     return delta["batches"] / wall if delta["batches"] else None
+
+
+def _rate_without_transform(make: Any, seconds: float, consume: Any) -> float | None:
+    """Batches per second of the same loader without the user's transform. Measured, not modelled: while a slow
+    transform spaces batches out, every other stage runs cold (thread pools asleep, caches evicted) and takes
+    about twice what it takes at full pace, so the stage times of the bound run overstate what remains."""
+    return _rate_of(make(with_transform=False), seconds, consume)
+
+
+def _rate_with_threads(make: Any, threads: int, seconds: float, consume: Any) -> float | None:
+    """Batches per second of the same loader on ``threads`` threads. Measured, not modelled: the decode ceiling's
+    scaling (a few dozen rows through simplejpeg) moved by 30% between runs on a shared machine, and the loader's
+    own decode (and its producer thread) does not scale as a bare decoder does."""
+    return _rate_of(make(threads=threads), seconds, consume)
 
 
 def _cached_rows(path: str, cache_dir: Any, cache_limit: Any) -> list[int]:
@@ -194,18 +208,47 @@ def _cached_rows(path: str, cache_dir: Any, cache_limit: Any) -> list[int]:
     return rows
 
 
-def _warm_rate(make: Any, rows: list[int], batch_size: int, seconds: float, consume: Any) -> float | None:
-    """Batches per second of the same loader over ``rows`` (shards already cached: nothing to download), or None
-    when they hold too few batches to measure. What every epoch runs at once the cache holds the dataset: the
-    cold run's other stages are no guide to it, since its downloads contend with them (for the GIL, the cores)."""
+def _warm_rate(make: Any, rows: list[int], batch_size: int, epoch_batches: int, seconds: float,
+               consume: Any) -> float | None:
+    """Batches per second of the same loader over ``rows`` (shards already cached: nothing to download), as it
+    would run over the whole dataset (``epoch_batches`` batches a pass), or None when they hold too few batches to
+    measure. What every epoch runs at once the cache holds the dataset: the cold run's other stages are no guide
+    to it, since its downloads contend with them (for the GIL, the cores).
+
+    The cached rows make short passes (a quarter of 1,500 rows: 11 batches of 32), and each pass starts with a
+    fixed cost (its order, its producer thread, its shard schedule) that the whole dataset spreads over more
+    batches: measured as is, a pass's start cost 0.1 ms a batch against a 0.5 ms batch, and the prediction came
+    out 15-25% low. So the first batch of each pass is timed apart, and its excess over a batch within a pass is
+    spread over ``epoch_batches``."""
     if len(rows) < (WARMUP_BATCHES + 4) * batch_size:
         return None
     loader = make(rows)
     try:
-        delta, wall, _ = _run_loader(loader, seconds, consume, False)
+        for batch in loader:  # warm-up, one pass: maps, thread pools
+            consume(batch)
+        first = within = 0.0  # seconds getting the first batch of each pass, and the others
+        passes = inner = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            loader.set_epoch(loader.epoch + 1)
+            t = time.perf_counter()
+            for k, batch in enumerate(loader):
+                consume(batch)
+                now = time.perf_counter()
+                if k == 0:
+                    first += now - t
+                    passes += 1
+                else:
+                    within += now - t
+                    inner += 1
+                t = now
     finally:
         loader.close()
-    return delta["batches"] / wall if delta["batches"] else None
+    if not passes or not inner:
+        return None
+    per_batch = within / inner
+    pass_start = max(first / passes - per_batch, 0.0)
+    return 1.0 / (per_batch + pass_start / max(epoch_batches, 1))
 
 
 def _read_ceiling(files: list[Path]) -> dict[str, Any]:
@@ -257,13 +300,15 @@ def _nbytes(batch: Any) -> int:
 
 def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: int, cores: int,
             decode_ceiling: dict[str, Any] | None, batch_size: int, is_remote: bool,
-            warm_rate: float | None = None, untransformed_rate: float | None = None) -> list[dict[str, Any]]:
+            warm_rate: float | None = None, untransformed_rate: float | None = None,
+            all_cores_rate: float | None = None) -> list[dict[str, Any]]:
     """What to change for the ``bound`` stage, first the change with the best-supported prediction.
 
     ``warm_rate``: for a URL bound by its downloads, the batches per second the same loader measured over the
     rows already cached (the prediction for a cache that holds the dataset), None when not measured.
     ``untransformed_rate``: for a loader bound by its transform, the batches per second the same loader measured
-    without it, None when not measured."""
+    without it, None when not measured. ``all_cores_rate``: for a loader bound by decode or the kernel on fewer
+    threads than cores, the batches per second the same loader measured on every core, None when not measured."""
     producer = sum(per_batch[s] for s in PRODUCER_STAGES)
     consumer = sum(per_batch[s] for s in CONSUMER_STAGES)
 
@@ -281,15 +326,16 @@ def _advice(bound: str, per_batch: dict[str, float], *, storage: str, threads: i
             if decode_ceiling is not None:
                 scaling = min(scaling, decode_ceiling["rows_per_s"] / decode_ceiling["one_thread_rows_per_s"])
             scaling = max(scaling, 1.0)  # the kernel pass runs on the same threads: it scales alike
+            modelled = predicted(decode=per_batch["decode"] / scaling, kernel=per_batch["kernel"] / scaling)
             out.append({"change": f"use {cores} loader threads instead of {threads} (one per core here)",
-                        "predicted_batches_per_s": predicted(decode=per_batch["decode"] / scaling,
-                                                             kernel=per_batch["kernel"] / scaling)})
+                        "predicted_batches_per_s": all_cores_rate if all_cores_rate is not None else modelled})
         out.append({"change": "store decoded pixels: tbl convert --max-size N --store raw (or --size S), "
                               "no decode when serving", "predicted_batches_per_s": predicted(decode=0.0)})
     elif bound == "kernel":
         if threads < cores:
+            modelled = predicted(kernel=per_batch["kernel"] * threads / cores)
             out.append({"change": f"use {cores} loader threads instead of {threads} (one per core here)",
-                        "predicted_batches_per_s": predicted(kernel=per_batch["kernel"] * threads / cores)})
+                        "predicted_batches_per_s": all_cores_rate if all_cores_rate is not None else modelled})
         out.append({"change": "serve dtype uint8 (normalize on the GPU) or a smaller output size",
                     "predicted_batches_per_s": None})
     elif bound == "transform":
@@ -346,7 +392,7 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     info = _describe(path, remote, cache_dir, cache_limit)
     storage = info["storage"]
     cores = _cores()
-    def make(rows: Any = None, with_transform: bool = True) -> Any:
+    def make(rows: Any = None, with_transform: bool = True, threads: int | None = threads) -> Any:
         # Over cached rows (the warm measure) nothing is downloaded, so a block order, which only keeps reads
         # within a few shards for the downloads' sake, gives way to a plain shuffle (block does not take rows=).
         order = True if rows is not None and shuffle == "block" else shuffle
@@ -375,11 +421,16 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     # the fetch prediction by 30% from one run to the next.
     warm = None  # a URL bound by its downloads: the same loader measured again over what is cached now
     if remote and bound == "read":
-        warm = _warm_rate(make, _cached_rows(path, cache_dir, cache_limit), batch_size, seconds,
+        warm = _warm_rate(make, _cached_rows(path, cache_dir, cache_limit), batch_size,
+                          -(-info["rows"] // batch_size), seconds,
                           consume or _touch)
     untransformed = None  # bound by the user's transform: the same loader measured again without it
     if bound == "transform" and transform is not None:
         untransformed = _rate_without_transform(make, seconds, consume or _touch)
+    used_threads = threads if threads is not None else _kernel_threads()
+    more_threads = None  # bound by decode or the kernel on fewer threads than cores: measured again on every core
+    if bound in ("decode", "kernel") and used_threads < cores:
+        more_threads = _rate_with_threads(make, cores, seconds, consume or _touch)
 
     ceilings: dict[str, Any] = {}
     copy_gbps = memory_copy_bandwidth(max(out_bytes, 64 << 20), repeats=3)
@@ -403,7 +454,6 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
     for ceiling in ceilings.values():
         b = ceiling.get("batches_per_s")
         ceiling["fraction_reached"] = measured / b if b else None
-    used_threads = threads if threads is not None else _kernel_threads()
     return {
         "schema": SCHEMA,
         "dataset": path,
@@ -413,13 +463,14 @@ def diagnose(path: str, *, batch_size: int = 64, image_size: int | None = None, 
         "machine": {"cores": cores},
         "measured": {"seconds": wall, "batches": delta["batches"], "batches_per_s": measured,
                      "samples_per_s": delta["samples"] / wall, "cache": delta["cache"],
-                     "warm_batches_per_s": warm, "untransformed_batches_per_s": untransformed},
+                     "warm_batches_per_s": warm, "untransformed_batches_per_s": untransformed,
+                     "all_cores_batches_per_s": more_threads},
         "per_batch_seconds": per_batch,
         "ceilings": ceilings,
         "bound": bound,
         "advice": _advice(bound, per_batch, storage=storage, threads=used_threads, cores=cores,
                           decode_ceiling=decode, batch_size=batch_size, is_remote=remote, warm_rate=warm,
-                          untransformed_rate=untransformed),
+                          untransformed_rate=untransformed, all_cores_rate=more_threads),
     }
 
 
