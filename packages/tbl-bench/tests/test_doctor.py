@@ -164,3 +164,43 @@ def test_a_url_bound_by_downloads_predicts_from_a_warm_run_of_its_cached_rows(tm
     assert warm is not None and warm > report["measured"]["batches_per_s"]
     assert report["advice"][0]["predicted_batches_per_s"] == warm
 
+
+
+class _PassesLoader:
+    """A stand-in loader: passes of ``length`` batches, each batch ``batch_s`` seconds and the first of a pass
+    ``start_s`` more."""
+
+    def __init__(self, length, batch_s, start_s):
+        self.length, self.batch_s, self.start_s = length, batch_s, start_s
+        self.epoch, self.closed = 0, False
+
+    def __iter__(self):
+        for k in range(self.length):
+            time.sleep(self.batch_s + (self.start_s if k == 0 else 0.0))
+            yield k
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_warm_rate_spreads_a_passes_start_over_a_whole_dataset_pass():
+    from tbl_bench.doctor import _warm_rate
+
+    loader = _PassesLoader(length=5, batch_s=0.002, start_s=0.02)
+    rate = _warm_rate(lambda rows: loader, list(range(64)), 8, 1000, 0.5, lambda batch: None)
+    # Short passes as measured: (0.02 + 5 * 0.002) / 5 = 6 ms a batch; over passes of 1,000: about 2 ms.
+    assert loader.closed
+    assert 1 / 0.0035 < rate < 1 / 0.0019
+
+
+def test_the_warm_rate_stops_within_a_long_pass():
+    from tbl_bench.doctor import _warm_rate
+
+    loader = _PassesLoader(length=10**6, batch_s=0.001, start_s=0.0)
+    t0 = time.perf_counter()
+    rate = _warm_rate(lambda rows: loader, list(range(64)), 8, 10**6, 0.3, lambda batch: None)
+    assert time.perf_counter() - t0 < 5 and loader.closed and loader.epoch == 0
+    assert 0 < rate < 1 / 0.001

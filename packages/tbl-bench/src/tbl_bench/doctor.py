@@ -223,31 +223,41 @@ def _warm_rate(make: Any, rows: list[int], batch_size: int, epoch_batches: int, 
     if len(rows) < (WARMUP_BATCHES + 4) * batch_size:
         return None
     loader = make(rows)
+    warmup = passes = inner = 0
+    first = within = 0.0  # seconds getting the first batch of each timed pass, and the other batches
+    start = None  # set after the warm-up batches (maps, thread pools)
     try:
-        for batch in loader:  # warm-up, one pass: maps, thread pools
-            consume(batch)
-        first = within = 0.0  # seconds getting the first batch of each pass, and the others
-        passes = inner = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            loader.set_epoch(loader.epoch + 1)
+        while start is None or time.perf_counter() - start < seconds:
             t = time.perf_counter()
             for k, batch in enumerate(loader):
                 consume(batch)
                 now = time.perf_counter()
-                if k == 0:
+                if start is None:
+                    warmup += 1
+                    if warmup == WARMUP_BATCHES:
+                        start = now
+                elif k == 0:
                     first += now - t
                     passes += 1
                 else:
                     within += now - t
                     inner += 1
                 t = now
+                if start is not None and inner and now - start >= seconds:
+                    return _pass_corrected_rate(within, inner, first, passes, epoch_batches)  # even within a pass
+            loader.set_epoch(loader.epoch + 1)
     finally:
         loader.close()
-    if not passes or not inner:
+    return _pass_corrected_rate(within, inner, first, passes, epoch_batches)
+
+
+def _pass_corrected_rate(within: float, inner: int, first: float, passes: int, epoch_batches: int) -> float | None:
+    """Batches per second from ``inner`` batches within passes (``within`` seconds) and the first batches of
+    ``passes`` passes (``first`` seconds), the excess of a pass's first batch spread over ``epoch_batches``."""
+    if not inner:
         return None
     per_batch = within / inner
-    pass_start = max(first / passes - per_batch, 0.0)
+    pass_start = max(first / passes - per_batch, 0.0) if passes else 0.0
     return 1.0 / (per_batch + pass_start / max(epoch_batches, 1))
 
 
