@@ -66,7 +66,6 @@ def measure(path: str, rows: int, size: int, rounds: int, batch: int = 64) -> di
 
     import tbl_format
     import tbl_kernels as K
-    from tbl_kernels.tables import normalization_table
 
     K.set_num_threads(1)
     with tbl_format.open(path) as ds:
@@ -87,7 +86,7 @@ def measure(path: str, rows: int, size: int, rounds: int, batch: int = 64) -> di
     }
     for dtype in ("uint8", "float16", "float32"):
         out = np.empty((batch, 3, size, size), dtype)
-        table = None if dtype == "uint8" else normalization_table(MEAN, STD, dtype)
+        table = None if dtype == "uint8" else K.normalization_table(MEAN, STD, dtype)
         res[f"crop-resize from decoded, {dtype}"] = _best(
             lambda out=out, table=table: [K.crop_resize_images(decoded[a:b], boxes[a:b], out, table, layout="CHW")
                                           for a, b in spans],
