@@ -104,6 +104,12 @@ def test_a_block_shuffle_through_a_cache_holding_the_dataset_reads_every_shard_a
         it = iter(remote)
         got = [next(it)]
         ds.fetcher.wait()
+        # A shard the first batch reads is downloaded by the read itself, outside the futures wait() waits for,
+        # and counted before it is checked and renamed into place: give such a download time to land (no read
+        # happens meanwhile, so whatever lands was queued by the first batch).
+        deadline = time.monotonic() + 30
+        while len(ds.cache.cached_files()) < len(ds.shard_entries) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert ds.cache.downloads == len(ds.shard_entries) == len(ds.cache.cached_files())
         got = [(np.array(b.images), np.array(b.labels), np.array(b.indices)) for b in [*got, *it]]
         assert ds.cache.downloads == len(ds.shard_entries) and ds.cache.size() <= limit
