@@ -4,7 +4,8 @@ thread, in CPU seconds of that thread (so a busy machine moves them less than wa
     python -m tbl_bench.jpeg_fused_parts DATASET [--rows 600] [--size 224] [--rounds 5]
 
 DATASET is JPEG storage (``tbl convert --max-size N --store jpeg``). Every row gets one RandomResizedCrop box
-(scale 0.08-1, ratio 3/4-4/3, seed 0), as the loader draws them. Printed per image, the best of ``--rounds``:
+(scale 0.08-1, ratio 3/4-4/3, seed 0): the distribution of the loader's default
+``RandomResizedCrop``, drawn by numpy here, so not the loader's own boxes. Printed per image, the best of ``--rounds``:
 
 - ``simplejpeg full decode``: the decode-only ceiling of the ``variable_images`` suite (simplejpeg, whole image);
 - ``kernels full decode``: the same rows decoded whole by the kernels' decoder (``decode_jpeg_region``, the
