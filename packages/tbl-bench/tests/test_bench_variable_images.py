@@ -4,6 +4,7 @@ import importlib.util
 import sys
 import tarfile
 
+import numpy as np
 import pytest
 
 from tbl_bench.bench import run_bench
@@ -70,6 +71,53 @@ def test_the_jpeg_decodes_and_their_ceiling_ran(run):
         assert f"tbl jpeg{size} vs its thread-pool decode" in entry["ratios"]
 
 
+def test_the_evaluation_transform_and_the_produce_level_ran_on_both_decodes(run):
+    """issue 38: the evaluation transform by the kernels' decode and by the thread-pool decode, and the
+    kernels' decode at the produce level, each against the same ceiling."""
+    _, doc = run
+    entry = doc["suites"]["variable_images"]
+    results = {r["name"]: r for r in entry["results"]}
+    for size in (256, 512):
+        fused, pooled = results[f"tbl/jpeg{size}-eval"], results[f"tbl/jpeg{size}-threads-eval"]
+        for r in (fused, pooled):
+            assert r["status"] == "ok", r
+            assert r["items_per_epoch"] == SUBSET and r["throughput"] > 0
+            assert r["params"]["aug"] == "eval" and r["params"]["size"] == 224
+            assert r["params"]["level"] == "consume" and r["params"]["path"] == results[f"tbl/jpeg{size}"]["params"]["path"]
+        assert pooled["params"]["jpeg_decode"] == "threads" and fused["params"].get("jpeg_decode", "kernel") == "kernel"
+        produce = results[f"tbl/jpeg{size}-produce"]
+        assert produce["status"] == "ok" and produce["params"]["level"] == "produce"
+        assert produce["params"]["aug"] == "crop" and produce["params"]["path"] == fused["params"]["path"]
+        for label in (f"tbl jpeg{size} eval vs decode-only ceiling", f"tbl jpeg{size} eval vs its thread-pool decode",
+                      f"tbl jpeg{size} at the produce level vs decode-only ceiling"):
+            assert label in entry["ratios"]
+
+
+def test_the_eval_workload_serves_resize_then_center_crop(run):
+    """tbl_serve(aug="eval") is the loader's Resize(round(size * 256 / 224)) + CenterCrop(size), no flip."""
+    from tbl_bench.suites.images import tbl_serve
+    from tbl_loader import ImageLoader
+
+    _, doc = run
+    results = {r["name"]: r for r in doc["suites"]["variable_images"]["results"]}
+    path = results["tbl/jpeg256-eval"]["params"]["path"]
+    workload = tbl_serve(path, batch_size=4, aug="eval", level="consume", size=24)
+    direct = ImageLoader(path, 4, shuffle=True, seed=0, resize=27, center_crop=24)
+    try:
+        for loader in (workload.loader, direct):
+            loader.set_epoch(1)
+        pairs = list(zip(workload.loader, direct, strict=True))
+        assert len(pairs) == 2  # SUBSET rows in batches of 4
+        for got, want in pairs:
+            assert tuple(got.images.shape) == (len(want.images), 3, 24, 24)
+            assert np.array_equal(np.asarray(got.images), np.asarray(want.images))
+    finally:
+        workload.close()
+        direct.close()
+    with pytest.raises(ValueError, match="aug must be one of"):
+        tbl_serve(path, batch_size=4, aug="center", level="consume", size=24)
+
+
 def test_subset_tar_holds_the_first_rows_of_the_bench_tar(run, monkeypatch):
     ctx, _ = run
     monkeypatch.setattr(variable_images, "SUBSET_ROWS", SUBSET)
@@ -82,7 +130,7 @@ def test_subset_tar_holds_the_first_rows_of_the_bench_tar(run, monkeypatch):
 def test_ffcv_runs_or_is_skipped_with_its_import_error(run):
     _, doc = run
     results = {r["name"]: r for r in doc["suites"]["variable_images"]["results"]}
-    for name in ("ffcv/jpg256", "ffcv/raw256", "ffcv/jpg512"):
+    for name in ("ffcv/jpg256", "ffcv/raw256", "ffcv/jpg512", "ffcv/jpg256-eval", "ffcv/jpg512-eval"):
         if importlib.util.find_spec("ffcv") is None:
             assert results[name]["status"] == "skipped"
             assert "ffcv does not import" in results[name]["reason"]

@@ -14,7 +14,7 @@ if not hasattr(K, "decode_crop_resize_jpegs"):
     pytest.skip("these kernels have no fused JPEG decode (0.3.0 and later)", allow_module_level=True)
 simplejpeg = pytest.importorskip("simplejpeg")
 
-from tbl_bench.jpeg_fused_parts import _boxes, main  # noqa: E402
+from tbl_bench.jpeg_fused_parts import _boxes, _enclosing_boxes, _eval_windows, main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,28 @@ def test_boxes_are_inside_their_images_and_repeat_with_the_seed():
     assert (top + h <= sizes[:, 0]).all() and (left + w <= sizes[:, 1]).all()
 
 
-def test_every_part_is_timed(jpeg_path, capsys):
-    assert main([str(jpeg_path), "--rows", "12", "--size", "16", "--rounds", "1", "--json"]) == 0
+@pytest.mark.parametrize(("transform", "resample"), [("crop", "crop-resize"), ("eval", "resize-crop")])
+def test_every_part_is_timed(jpeg_path, capsys, transform, resample):
+    """RandomResizedCrop boxes through the crop-resize kernels; the evaluation windows through the resize-crop ones."""
+    argv = [str(jpeg_path), "--rows", "12", "--size", "16", "--rounds", "1", "--json", "--transform", transform]
+    assert main(argv) == 0
     res = json.loads(capsys.readouterr().out)
     parts = {"simplejpeg full decode", "kernels full decode", "kernels region decode"}
     for dtype in ("uint8", "float16", "float32"):
-        parts |= {f"crop-resize from decoded, {dtype}", f"fused, {dtype}"}
+        parts |= {f"{resample} from decoded, {dtype}", f"fused, {dtype}"}
     assert set(res) == parts
     assert all(v >= 0 for v in res.values())
+
+
+def test_the_evaluation_windows_follow_torchvisions_resize_then_center_crop():
+    """Resize(round(16 * 256 / 224) = 18) + CenterCrop(16): a 36 x 72 image becomes 18 x 36, cropped at
+    (1, 10); in source pixels (2, 20, 32, 32). Enclosing boxes round outwards."""
+    sizes = np.array([[36, 72], [72, 36], [40, 40]], np.int64)
+    windows = _eval_windows(sizes, 16)
+    np.testing.assert_allclose(windows[0], [2, 20, 32, 32])
+    np.testing.assert_allclose(windows[1], [20, 2, 32, 32])
+    np.testing.assert_allclose(windows[2], [40 / 18, 40 / 18, 16 * 40 / 18, 16 * 40 / 18])
+    boxes = _enclosing_boxes(windows)
+    assert boxes.dtype == np.int32
+    assert boxes[0].tolist() == [2, 20, 32, 32] and boxes[2].tolist() == [2, 2, 36, 36]
+    assert (boxes[:, :2] + boxes[:, 2:] <= sizes).all()

@@ -21,7 +21,7 @@ from tbl_bench.config import SkipConfig
 from tbl_bench.conversions import ConversionEpochs
 from tbl_bench.peers.decoded import decoded_images
 from tbl_bench.peers.epochs import ImageLabelEpochs
-from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
+from tbl_bench.peers.transforms import AUGMENTATIONS, EVAL, EVAL_CROP_RATIO, IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["ffcv_convert", "ffcv_serve", "ffcv_unavailable_reason", "ffcv_write", "ffcv_write_photos"]
 
@@ -75,13 +75,22 @@ class _Serve(ImageLabelEpochs):
         _require_ffcv()
         import numpy as np
         from ffcv.fields.basics import IntDecoder
-        from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder, SimpleRGBImageDecoder
+        from ffcv.fields.rgb_image import (
+            CenterCropRGBImageDecoder,
+            RandomResizedCropRGBImageDecoder,
+            SimpleRGBImageDecoder,
+        )
         from ffcv.loader import Loader, OrderOption
         from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, ToTensor, ToTorchImage
 
-        if aug not in AUGMENTATIONS:
-            raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
-        decoder = RandomResizedCropRGBImageDecoder((size, size)) if aug == "crop" else SimpleRGBImageDecoder()
+        if aug not in (*AUGMENTATIONS, EVAL):
+            raise ValueError(f"aug must be one of {(*AUGMENTATIONS, EVAL)}, got {aug!r}")
+        if aug == "crop":
+            decoder = RandomResizedCropRGBImageDecoder((size, size))
+        elif aug == EVAL:  # FFCV's validation decoder: the centre square, ratio of the shorter side, resized
+            decoder = CenterCropRGBImageDecoder((size, size), ratio=EVAL_CROP_RATIO)
+        else:
+            decoder = SimpleRGBImageDecoder()
         image_pipeline = [decoder]
         if aug in ("flip", "crop"):
             image_pipeline.append(RandomHorizontalFlip(0.5))

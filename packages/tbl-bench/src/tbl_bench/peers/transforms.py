@@ -12,10 +12,16 @@ import math
 import numpy as np
 from PIL import Image
 
-__all__ = ["AUGMENTATIONS", "IMAGENET_MEAN", "IMAGENET_STD", "normalize_chw", "random_resized_crop_box", "transform_image"]
+__all__ = ["AUGMENTATIONS", "EVAL", "EVAL_CROP_RATIO", "IMAGENET_MEAN", "IMAGENET_STD", "normalize_chw", "random_resized_crop_box", "transform_image"]
 
 # plain: resize only; flip: + horizontal flip p=0.5; crop: RandomResizedCrop + flip p=0.5.
 AUGMENTATIONS = ("plain", "flip", "crop")
+
+# The evaluation transform, served by the tools that have one (TBL, FFCV) and named apart from the training
+# augmentations above: torchvision's Resize(round(size / EVAL_CROP_RATIO)) + CenterCrop(size), 256 -> 224 for
+# 224 px. FFCV's CenterCropRGBImageDecoder(ratio=EVAL_CROP_RATIO) crops the same centre square of the photo.
+EVAL = "eval"
+EVAL_CROP_RATIO = 224 / 256
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -23,7 +23,7 @@ import numpy as np
 from tbl_bench.config import Config, SkipConfig
 from tbl_bench.context import BenchContext, DataUnavailable
 from tbl_bench.levels import LEVELS, consume_batch
-from tbl_bench.peers.transforms import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
+from tbl_bench.peers.transforms import AUGMENTATIONS, EVAL, EVAL_CROP_RATIO, IMAGENET_MEAN, IMAGENET_STD
 
 NAME = "images"
 TITLE = "Image serving"
@@ -107,13 +107,15 @@ class _TblServe:
             _thread_pool_jpeg_decode()
         elif jpeg_decode != "kernel":
             raise ValueError(f"jpeg_decode must be 'kernel' or 'threads', got {jpeg_decode!r}")
-        if aug not in AUGMENTATIONS:
-            raise ValueError(f"aug must be one of {AUGMENTATIONS}, got {aug!r}")
+        if aug not in (*AUGMENTATIONS, EVAL):
+            raise ValueError(f"aug must be one of {(*AUGMENTATIONS, EVAL)}, got {aug!r}")
         kwargs = {"fields": FIELDS} if fields else {}
         if aug in ("flip", "crop"):
             kwargs["hflip"] = 0.5
         if aug == "crop":
             kwargs["random_resized_crop"] = _crop_spec(size)
+        if aug == EVAL:  # torchvision's Resize + CenterCrop, no flip
+            kwargs["resize"], kwargs["center_crop"] = round(size / EVAL_CROP_RATIO), size
         self.level = level
         import tbl_format
 
@@ -175,7 +177,8 @@ def tbl_serve(path: str, batch_size: int, aug: str, level: str, size: int, seed:
               jpeg_decode: str = "kernel"):
     """Workload factory: tbl_loader.ImageLoader over a converted .tbl (batches moved to `device` if given).
 
-    `size` is the output size of the crop configuration; plain and flip serve the stored size.
+    `aug` is one of AUGMENTATIONS or EVAL (the evaluation transform, Resize(round(size / EVAL_CROP_RATIO)) +
+    CenterCrop(size)); `size` is the output size of crop and eval; plain and flip serve the stored size.
     `verify` is the loader's data-checksum mode; `reopen` makes a new loader every epoch (first-epoch cost);
     `dtype` the output dtype; `fields` serves FIELDS beside the images (a dataset written by
     `write_fields_dataset`); `jpeg_dct` the IDCT of JPEG storage ("accurate" or "fast"); `stage_timing=False`

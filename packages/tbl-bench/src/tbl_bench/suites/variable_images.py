@@ -22,6 +22,13 @@ same photos:
   every epoch, with the torchvision transforms reimplemented in PIL + numpy
   (`tbl_bench.peers.transforms`; torchvision itself is not a dependency).
 
+JPEG storage (`--max-size 256` and `512`) is also served, for the JPEG decode inside the kernel pass, by
+today's thread-pool decode (`tbl/jpegN-threads`: simplejpeg on whole rows, then the crop-resize kernel), at
+the produce level (`tbl/jpegN-produce`: the batch complete in memory, not summed), and with the evaluation
+transform (`-eval`: Resize(256) + CenterCrop(224), no flip; FFCV's `CenterCropRGBImageDecoder` with the
+same ratio) by both decodes; against `decode/jpegN`, simplejpeg decoding the same stored bytes whole on
+THREADS threads and doing nothing else (the decode-only ceiling: no batch written, nothing summed).
+
 The photos are the bench TAR's (10,000 in a full run, 1,000 with --quick); a
 TAR of more than SUBSET_ROWS is cut to its first SUBSET_ROWS JPEGs, written
 once to a subset TAR that every tool converts, so that an epoch of the PIL
@@ -36,6 +43,7 @@ from pathlib import Path
 
 from tbl_bench.config import Config
 from tbl_bench.context import BenchContext, DataUnavailable
+from tbl_bench.peers.transforms import EVAL
 
 NAME = "variable_images"
 TITLE = "Serving variable-size images (RandomResizedCrop 224 + flip)"
@@ -59,6 +67,17 @@ GOALS = {
     "tbl jpeg512 vs decode-only ceiling": ("tbl/jpeg512", "decode/jpeg512", 1.0),
     "tbl jpeg512 vs its thread-pool decode": ("tbl/jpeg512", "tbl/jpeg512-threads", 1.0),
     "tbl jpeg512 vs ffcv jpg512 (issue 38)": ("tbl/jpeg512", "ffcv/jpg512", 2.0),
+    # The same at the produce level: the batch complete in memory, not summed. The ceiling writes no batch and
+    # sums nothing, so this is the like-for-like pass against it; the consume level adds the sum of a batch.
+    "tbl jpeg256 at the produce level vs decode-only ceiling": ("tbl/jpeg256-produce", "decode/jpeg256", 1.0),
+    "tbl jpeg512 at the produce level vs decode-only ceiling": ("tbl/jpeg512-produce", "decode/jpeg512", 1.0),
+    # The evaluation transform (Resize 256 + CenterCrop 224): the same goals against the same ceiling
+    "tbl jpeg256 eval vs decode-only ceiling": ("tbl/jpeg256-eval", "decode/jpeg256", 1.0),
+    "tbl jpeg256 eval vs its thread-pool decode": ("tbl/jpeg256-eval", "tbl/jpeg256-threads-eval", 1.0),
+    "tbl jpeg256 eval vs ffcv jpg256 eval": ("tbl/jpeg256-eval", "ffcv/jpg256-eval", 2.0),
+    "tbl jpeg512 eval vs decode-only ceiling": ("tbl/jpeg512-eval", "decode/jpeg512", 1.0),
+    "tbl jpeg512 eval vs its thread-pool decode": ("tbl/jpeg512-eval", "tbl/jpeg512-threads-eval", 1.0),
+    "tbl jpeg512 eval vs ffcv jpg512 eval": ("tbl/jpeg512-eval", "ffcv/jpg512-eval", 2.0),
 }
 
 
@@ -140,6 +159,7 @@ def _ffcv_file(ctx: BenchContext, tar: Path, write_mode: str, max_resolution: in
 def configurations(ctx: BenchContext) -> list[Config]:
     timing = {"warmup": 1, "epochs": 2 if not ctx.quick else 1, "unit": UNIT}
     crop = {"batch_size": BATCH_SIZE, "aug": "crop", "level": "consume", "size": OUTPUT_SIZE}
+    evaluation = {**crop, "aug": EVAL}
     tar = subset_tar(ctx)
     configs = []
     files = {}
@@ -167,6 +187,14 @@ def configurations(ctx: BenchContext) -> list[Config]:
         configs.append(Config(NAME, f"{name}-threads", "tbl", "tbl_bench.suites.images:tbl_serve",
                               {"path": path, "threads": THREADS, "jpeg_decode": "threads", **crop},
                               skip=skip, **timing))
+        configs.append(Config(NAME, f"{name}-produce", "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, **crop, "level": "produce"}, skip=skip, **timing))
+        # The evaluation transform, by the kernels' decode and by the thread-pool decode
+        configs.append(Config(NAME, f"{name}-eval", "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, **evaluation}, skip=skip, **timing))
+        configs.append(Config(NAME, f"{name}-threads-eval", "tbl", "tbl_bench.suites.images:tbl_serve",
+                              {"path": path, "threads": THREADS, "jpeg_decode": "threads", **evaluation},
+                              skip=skip, **timing))
         # The decode-only ceiling: simplejpeg decoding the same stored bytes whole on THREADS threads.
         configs.append(Config(NAME, "decode/" + name.split("/", 1)[1], "simplejpeg",
                               "tbl_bench.suites.images:jpeg_decode_ceiling",
@@ -177,6 +205,10 @@ def configurations(ctx: BenchContext) -> list[Config]:
         configs.append(Config(NAME, f"ffcv/{mode}{size}", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
                               {"path": path, "workers": THREADS, **crop},
                               skip=skip, peer=True, **timing))
+        if mode == "jpg":  # its validation decoder (CenterCropRGBImageDecoder) against TBL's evaluation transform
+            configs.append(Config(NAME, f"ffcv/{mode}{size}-eval", "ffcv", "tbl_bench.peers.ffcv_peer:ffcv_serve",
+                                  {"path": path, "workers": THREADS, **evaluation},
+                                  skip=skip, peer=True, **timing))
     configs.append(Config(NAME, "pil/jpeg-tar", "pil", "tbl_bench.peers.pil:pil_loader",
                           {"tar": str(tar), "workers": THREADS, **crop},
                           role="baseline", **timing))
