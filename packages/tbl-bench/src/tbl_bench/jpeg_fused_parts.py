@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from tbl_bench.peers.transforms import EVAL_CROP_RATIO
+
 __all__ = ["main"]
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -57,10 +59,10 @@ def _boxes(sizes: np.ndarray, seed: int) -> np.ndarray:
 
 
 def _eval_windows(sizes: np.ndarray, size: int) -> np.ndarray:
-    """float64 windows (top, left, height, width) of torchvision's Resize(round(size * 256 / 224)) +
+    """float64 windows (top, left, height, width) of torchvision's Resize(round(size / EVAL_CROP_RATIO)) +
     CenterCrop(size) on images of (height, width) ``sizes``: the crop in source pixels. The geometry only, for
     timing; the loader's own windows (which also nudge a window's start by ulps to fit) are the normative ones."""
-    resize = round(size * 256 / 224)
+    resize = round(size / EVAL_CROP_RATIO)
     h, w = sizes[:, 0].astype(np.float64), sizes[:, 1].astype(np.float64)
     short, long = np.minimum(h, w), np.maximum(h, w)
     new_long = np.floor(resize * long / short)
