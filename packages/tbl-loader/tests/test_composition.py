@@ -1,7 +1,8 @@
 """Every sample kind through every path users combine it with, against the plain local loader.
 
 Kinds: fixed-size raw images, variable-size raw images, variable-size JPEG images, pytree rows,
-token windows. Paths: the loader with a producer thread, a mid-epoch resume, two ranks, a URL
+token windows; the three image kinds twice, with RandomResizedCrop and with the evaluation transform
+(``resize=`` + ``center_crop=``, the ``_eval`` kinds, on the same datasets). Paths: the loader with a producer thread, a mid-epoch resume, two ranks, a URL
 (loopback S3, cache a quarter of the dataset), ``fields=``, a map-style dataset in a torch
 DataLoader with two workers under fork / spawn / forkserver, and Mix.
 
@@ -43,7 +44,12 @@ torch = pytest.importorskip("torch")
 README = Path(__file__).resolve().parents[1] / "README.md"
 ROWS, SHARD_ROWS, BATCH, SEED = 48, 8, 8, 5
 # Variable-size kinds need tbl-kernels 0.2; with the oldest kernels the pin admits, their cells are not collected.
-KINDS = ("fixed", *(("variable_raw", "variable_jpeg") if PER_SAMPLE else ()), "pytree", "tokens")
+IMAGE_KINDS = ("fixed", *(("variable_raw", "variable_jpeg") if PER_SAMPLE else ()))
+# Each image kind again with the evaluation transform, read from the same dataset as its RandomResizedCrop twin
+# (its resize-crop call is tbl-kernels 0.2's too, on fixed-size images as well).
+EVAL_SUFFIX = "_eval"
+EVAL_KINDS = tuple(kind + EVAL_SUFFIX for kind in IMAGE_KINDS) if PER_SAMPLE else ()
+KINDS = (*IMAGE_KINDS, *EVAL_KINDS, "pytree", "tokens")
 PATHS = ("prefetch", "resume", "two_ranks", "url", "fields", "dataloader_fork", "dataloader_spawn",
          "dataloader_forkserver", "mix", "mix_url")
 # Cells that do not exist: a token stream has no per-sample leaves to select.
@@ -100,26 +106,36 @@ def _write(kind: str, root: Path) -> Path:
     return root / kind
 
 
+def _dataset_kind(kind: str) -> str:
+    """The kind whose dataset ``kind`` reads (an ``_eval`` kind reads its RandomResizedCrop twin's)."""
+    return kind.removesuffix(EVAL_SUFFIX)
+
+
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     root = tmp_path_factory.mktemp("kinds")
-    return {kind: _write(kind, root) for kind in KINDS}
+    written = {kind: _write(kind, root) for kind in KINDS if _dataset_kind(kind) == kind}
+    return {kind: written[_dataset_kind(kind)] for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
 def urls(s3_server, local):
     bucket = s3_server.new_bucket()
-    out = {}
-    for kind, path in local.items():
-        out[kind] = f"s3://{bucket}/{kind}/"
-        upload_dataset(path, out[kind], storage_options=s3_server.storage_options)
-    return out
+    uploaded = {}
+    for kind in KINDS:
+        if _dataset_kind(kind) == kind:
+            uploaded[kind] = f"s3://{bucket}/{kind}/"
+            upload_dataset(local[kind], uploaded[kind], storage_options=s3_server.storage_options)
+    return {kind: uploaded[_dataset_kind(kind)] for kind in KINDS}
 
 
 # ---- how each kind is read, and what one sample is --------------------------------------------------------
 
 
 def _image_options(kind: str) -> dict:
+    if kind.endswith(EVAL_SUFFIX):
+        # Shorter side to 10, centre 8 x 8: a JPEG's window of 16-48 px decodes at DCT scale 1/2 or 1/4.
+        return {"random_resized_crop": None, "resize": 10, "center_crop": 8, "hflip": 0.5, "backend": "numpy"}
     return {"random_resized_crop": RandomResizedCrop(12, scale=(0.3, 1.0)), "hflip": 0.5, "backend": "numpy"}
 
 
