@@ -118,6 +118,36 @@ def test_the_eval_workload_serves_resize_then_center_crop(run):
         tbl_serve(path, batch_size=4, aug="center", level="consume", size=24)
 
 
+def test_each_jpeg_store_is_compared_with_the_decode_of_its_own_bytes():
+    """The report's "vs ceiling" pairs a configuration with the decode of its own store, whatever its level or
+    transform; raw storage and FFCV's files have no ceiling; the PIL baseline stays RandomResizedCrop's."""
+    from tbl_bench.compare import ratios
+
+    def result(name, role, throughput, **params):
+        return {"name": name, "role": role, "status": "ok", "throughput": throughput, "params": params}
+
+    crop = {"aug": "crop", "level": "consume", "size": 224}
+    results = [
+        result("decode/jpeg256", "ceiling", 100.0, path="j256", aug=None, level=None, size=224),
+        result("decode/jpeg512", "ceiling", 50.0, path="j512", aug=None, level=None, size=224),
+        result("pil/jpeg-tar", "baseline", 10.0, tar="t", **crop),
+        result("tbl/jpeg512", "subject", 40.0, path="j512", **crop),
+        result("tbl/jpeg256-eval", "subject", 60.0, path="j256", **{**crop, "aug": "eval"}),
+        result("tbl/jpeg256-produce", "subject", 80.0, path="j256", **{**crop, "level": "produce"}),
+        result("tbl/raw256", "subject", 70.0, path="r256", **crop),
+        result("ffcv/jpg256", "subject", 30.0, path="f.beton", **crop),
+    ]
+    suite = {"results": results, "compare_on": list(variable_images.COMPARE_ON)}
+    got = {r["name"]: ratios(r, suite) for r in results if r["role"] == "subject"}
+    assert got["tbl/jpeg512"]["ceiling"][:2] == ("decode/jpeg512", 0.8)
+    assert got["tbl/jpeg256-eval"]["ceiling"][:2] == ("decode/jpeg256", 0.6)
+    assert got["tbl/jpeg256-produce"]["ceiling"][:2] == ("decode/jpeg256", 0.8)
+    assert "ceiling" not in got["tbl/raw256"] and "ceiling" not in got["ffcv/jpg256"]
+    assert got["tbl/jpeg512"]["baseline"][:2] == ("pil/jpeg-tar", 4.0)
+    assert got["ffcv/jpg256"]["baseline"][:2] == ("pil/jpeg-tar", 3.0)
+    assert "baseline" not in got["tbl/jpeg256-eval"]  # the baseline serves RandomResizedCrop
+
+
 def test_subset_tar_holds_the_first_rows_of_the_bench_tar(run, monkeypatch):
     ctx, _ = run
     monkeypatch.setattr(variable_images, "SUBSET_ROWS", SUBSET)
