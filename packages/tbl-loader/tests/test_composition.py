@@ -1,10 +1,11 @@
 """Every sample kind through every path users combine it with, against the plain local loader.
 
 Kinds: fixed-size raw images, variable-size raw images, variable-size JPEG images, pytree rows,
-token windows; the three image kinds twice, with RandomResizedCrop and with the evaluation transform
-(``resize=`` + ``center_crop=``, the ``_eval`` kinds, on the same datasets). Paths: the loader with a producer thread, a mid-epoch resume, two ranks, a URL
-(loopback S3, cache a quarter of the dataset), ``fields=``, a map-style dataset in a torch
-DataLoader with two workers under fork / spawn / forkserver, and Mix.
+token windows; the three image kinds twice, with RandomResizedCrop and with the evaluation
+transform (``resize=`` + ``center_crop=``: the ``_eval`` kinds, on the same datasets). Paths: the
+loader with a producer thread, a mid-epoch resume, two ranks, a URL (loopback S3, cache a quarter
+of the dataset), ``fields=``, a map-style dataset in a torch DataLoader with two workers under
+fork / spawn / forkserver, and Mix.
 
 Each cell either yields what the plain local loader (``prefetch=0``) yields, compared element by
 element, or raises the named error that the README's table of refused combinations lists for it;
