@@ -59,19 +59,11 @@ def _boxes(sizes: np.ndarray, seed: int) -> np.ndarray:
 
 
 def _eval_windows(sizes: np.ndarray, size: int) -> np.ndarray:
-    """float64 windows (top, left, height, width) of torchvision's Resize(round(size / EVAL_CROP_RATIO)) +
-    CenterCrop(size) on images of (height, width) ``sizes``: the crop in source pixels. The geometry only, for
-    timing; the loader's own windows (which also nudge a window's start by ulps to fit) are the normative ones."""
-    resize = round(size / EVAL_CROP_RATIO)
-    h, w = sizes[:, 0].astype(np.float64), sizes[:, 1].astype(np.float64)
-    short, long = np.minimum(h, w), np.maximum(h, w)
-    new_long = np.floor(resize * long / short)
-    new_h, new_w = np.where(w <= h, new_long, resize), np.where(w <= h, resize, new_long)
-    top, left = np.rint((new_h - size) / 2), np.rint((new_w - size) / 2)
-    out = np.stack([top * h / new_h, left * w / new_w, size * h / new_h, size * w / new_w], axis=1)
-    out[:, 2:] = np.minimum(out[:, 2:], sizes)
-    out[:, :2] = np.clip(out[:, :2], 0, sizes - out[:, 2:])
-    return out
+    """float64 windows (top, left, height, width) of the loader's evaluation transform, Resize(round(size /
+    EVAL_CROP_RATIO)) + CenterCrop(size), on images of (height, width) ``sizes``: the crop in source pixels."""
+    from tbl_loader.image import resized_center_crop_windows
+
+    return resized_center_crop_windows(sizes[:, 0], sizes[:, 1], round(size / EVAL_CROP_RATIO), size, size)
 
 
 def _enclosing_boxes(windows: np.ndarray) -> np.ndarray:

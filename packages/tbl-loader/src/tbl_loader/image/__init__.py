@@ -12,6 +12,7 @@ from .spec import (
     ImageColumns,
     ImageSpec,
     RandomResizedCrop,
+    resized_center_crop_windows,
 )
 from .torch_dataset import EpochBatch, EpochBatchSampler, ImageDataset, PassPlan
 
@@ -29,5 +30,6 @@ __all__ = [
     "RandomResizedCrop",
     "VARIABLE_IMAGE_KINDS",
     "gpu_decode",
+    "resized_center_crop_windows",
     "variable_source",
 ]
