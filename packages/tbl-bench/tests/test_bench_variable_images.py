@@ -71,7 +71,7 @@ def test_the_jpeg_decodes_and_their_ceiling_ran(run):
         assert f"tbl jpeg{size} vs its thread-pool decode" in entry["ratios"]
 
 
-def test_the_evaluation_transform_and_the_produce_level_ran_on_both_decodes(run):
+def test_the_evaluation_transform_and_the_produce_levels_ran_on_both_decodes(run):
     """issue 38: the evaluation transform by the kernels' decode and by the thread-pool decode, and the
     kernels' decode at the produce level, each against the same ceiling."""
     _, doc = run
@@ -88,8 +88,14 @@ def test_the_evaluation_transform_and_the_produce_level_ran_on_both_decodes(run)
         produce = results[f"tbl/jpeg{size}-produce"]
         assert produce["status"] == "ok" and produce["params"]["level"] == "produce"
         assert produce["params"]["aug"] == "crop" and produce["params"]["path"] == fused["params"]["path"]
+        assert produce["params"].get("dtype", "float32") == "float32"
+        u8 = results[f"tbl/jpeg{size}-u8-produce"]
+        assert u8["status"] == "ok" and u8["items_per_epoch"] == SUBSET and u8["throughput"] > 0
+        assert u8["params"]["dtype"] == "uint8" and u8["params"]["level"] == "produce"
+        assert u8["params"]["aug"] == "crop" and u8["params"]["path"] == fused["params"]["path"]
         for label in (f"tbl jpeg{size} eval vs decode-only ceiling", f"tbl jpeg{size} eval vs its thread-pool decode",
-                      f"tbl jpeg{size} at the produce level vs decode-only ceiling"):
+                      f"tbl jpeg{size} at the produce level vs decode-only ceiling",
+                      f"tbl jpeg{size} uint8 at the produce level vs decode-only ceiling"):
             assert label in entry["ratios"]
 
 

@@ -129,6 +129,35 @@ def test_within_one_level_of_pillow():
         assert diff.max() <= 1, (h, w)
 
 
+def test_repeated_and_near_windows_match_the_reference(simd, threads):
+    """The kernels keep each thread's window weights keyed on the exact float64 window: repeats of one window
+    (the evaluation transform gives every image of a size the same one), windows that differ only in start or
+    only in size, across calls and past the cache's eviction, all equal the reference."""
+    rng = np.random.default_rng(7)
+    sizes = [(30, 40)] * 6 + [(40, 30)] * 6
+    images = _images(rng, sizes, 3)
+    base = np.array([3.25, 1.5, 20.0, 26.0])
+    windows = np.array([base, base, base + [1.5, 0, 0, 0], base + [0, 0, 2.0, 0], base + [0, 0.75, 0, 0],
+                        base + [0, 0, 0, 1.25]] * 2, np.float64)
+    windows[1, 0] = np.nextafter(windows[1, 0], 0.0)  # one ulp from windows[0]
+    for _ in range(2):  # the second call reads every window from the cache
+        out, want = np.zeros((12, 3, 21, 19), np.uint8), np.zeros((12, 3, 21, 19), np.uint8)
+        tk.resize_crop_images(images, windows, out, layout="CHW")
+        ref.resize_crop_images(images, windows, want, layout="CHW")
+        assert np.array_equal(out, want)
+    # Enough distinct windows (two axes each, 160 outputs per axis) to empty each thread's 8 MiB cache several
+    # times; every 97th sample and the last ones are checked against the reference.
+    n = 12_000
+    small = _images(rng, [(8, 9)], 3) * n
+    many = np.stack([rng.uniform(0, 1, n), rng.uniform(0, 1, n), rng.uniform(6, 7, n), rng.uniform(7, 8, n)], 1)
+    out = np.zeros((n, 3, 160, 160), np.uint8)
+    tk.resize_crop_images(small, many, out, layout="CHW")
+    check = [*range(0, n, 97), *range(n - 5, n)]
+    want = np.zeros((len(check), 3, 160, 160), np.uint8)
+    ref.resize_crop_images([small[i] for i in check], many[check], want, layout="CHW")
+    assert np.array_equal(out[check], want)
+
+
 def test_empty_batch():
     out = np.zeros((0, 3, 8, 8), np.float32)
     tk.resize_crop_images([], np.zeros((0, 4)), out, table=tk.normalization_table(MEAN3, STD3))
