@@ -97,6 +97,33 @@ def test_kernels_configurations(tmp_path):
     assert kernels_suite.ROUNDS == 3
 
 
+@pytest.mark.parametrize("levels", [["scalar", "baseline", "avx2"], ["scalar", "baseline", "avx2", "avx512"]])
+def test_kernels_pin_avx2_beside_the_avx512_level(tmp_path, monkeypatch, levels):
+    """Where the kernels have the avx512 level, float32 also runs pinned to avx2 (TBL_KERNELS_SIMD), so that the
+    report shows what the lookup in registers gains; elsewhere the two would be one configuration twice."""
+    import tbl_kernels
+
+    monkeypatch.setattr(tbl_kernels, "simd_levels", lambda: list(levels))
+    configs = {c.name: c for c in kernels_suite.configurations(_ctx(tmp_path))}
+    pinned = sorted(n for n in configs if n.endswith("-avx2"))
+    if "avx512" not in levels:
+        assert pinned == []
+        return
+    assert pinned == [f"tbl-{s}-float32-{t}t-avx2" for s in (160, 224) for t in (1, 2)]
+    c = configs["tbl-224-float32-2t-avx2"]
+    assert c.env == {"OMP_NUM_THREADS": "2", "TBL_KERNELS_SIMD": "avx2"}
+    assert c.params["simd"] == "avx2" and c.params["dtype"] == "float32" and c.params["op"] == "gather"
+    assert "simd" not in configs["tbl-224-float32-2t"].params
+
+
+def test_kernel_batch_refuses_a_level_it_does_not_run():
+    import tbl_kernels
+
+    other = next(level for level in tbl_kernels.simd_levels() if level != tbl_kernels.simd_level())
+    with pytest.raises(RuntimeError, match=f"not the pinned '{other}'"):
+        kernels_suite.kernel_batch("tbl", "gather", 8, "float32", 1, 1, simd=other)
+
+
 def _ok(throughput, bytes_per_batch=None):
     return {"throughput": throughput, "median_s": 256 / throughput, "info": {"bytes_per_batch": bytes_per_batch}}
 
@@ -105,8 +132,11 @@ def test_kernels_ratios():
     results = {"copy-224": _ok(1000.0, 100), "tbl-224-float32-2t": _ok(1500.0, 100),
                "tbl-224-float32-1t": _ok(1000.0, 100), "tbl-224-float16-2t": _ok(3000.0, 60),
                "turboloader-224-float16": _ok(1000.0, 60),
-               "tbl-crop-256to224-float32-1t": _ok(100.0), "tbl-crop-256to224-float32-2t": _ok(150.0)}
+               "tbl-crop-256to224-float32-1t": _ok(100.0), "tbl-crop-256to224-float32-2t": _ok(150.0),
+               "tbl-224-float32-1t-avx2": _ok(800.0, 100)}
     r = kernels_suite.ratios(results)
+    assert r["224: float32 at the chosen level vs avx2 (1t)"] == pytest.approx(1.25)
+    assert "224: float32 at the chosen level vs avx2 (2t)" not in r
     assert r["224: float32 2t bytes/s vs copy"] == pytest.approx(1.5)
     assert r["224: float16 vs float32 images/s (2t)"] == pytest.approx(2.0)
     assert r["224: float16 tbl 2t vs turboloader"] == pytest.approx(3.0)

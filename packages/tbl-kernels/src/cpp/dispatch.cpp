@@ -23,11 +23,25 @@ bool cpu_has_avx2() {
 #endif
 }
 
+// The avx512 level: the avx2 level's features and AVX-512 F, BW, VL and VBMI (byte permutes). The CPU
+// feature bits read here are set only where the OS saves the AVX-512 registers.
+bool cpu_has_avx512() {
+#if TBL_HAVE_AVX512
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+#else
+    return false;
+#endif
+}
+
 const IsaKernels* lookup(const std::string& name) {
     if (name == "scalar") return &isa_scalar();
     if (name == "baseline") return &isa_baseline();
 #if TBL_HAVE_AVX2
     if (name == "avx2" && cpu_has_avx2()) return &isa_avx2();
+#endif
+#if TBL_HAVE_AVX512
+    if (name == "avx512" && cpu_has_avx512()) return &isa_avx512();
 #endif
     if (name == "auto") return lookup(available_simd_levels().back());
     return nullptr;
@@ -40,6 +54,7 @@ std::atomic<const IsaKernels*> active{nullptr};
 std::vector<std::string> available_simd_levels() {
     std::vector<std::string> levels = {"scalar", "baseline"};
     if (cpu_has_avx2()) levels.emplace_back("avx2");
+    if (cpu_has_avx512()) levels.emplace_back("avx512");
     return levels;
 }
 

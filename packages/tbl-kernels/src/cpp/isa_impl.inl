@@ -6,7 +6,7 @@
 // result does not depend on how the compiler vectorizes it. The float paths
 // (normalized outputs computed instead of looked up, AVX2 only) are used only
 // after they have been checked against the whole table (affine16_matches,
-// affine32_matches).
+// affine32_matches); the avx512 level looks 32-bit outputs up in registers instead.
 
 // ---------------------------------------------------------------- image writers
 //
@@ -368,6 +368,71 @@ static void lut_row16(const uint8_t* idx, int64_t n, const uint16_t* table, cons
 }
 #endif
 
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+// ---- 32-bit outputs by table lookup in registers, 64 per step (the avx512 level: AVX-512 VBMI)
+//
+// One channel's 256 entries as four byte planes (byte k of every entry), each 256 bytes in four registers.
+// vpermt2b looks a byte up in 128 of them by the index's low 7 bits; bit 7 picks the half. The four looked-up
+// planes interleave back into entries, so every output is a table entry, copied: any table, same bits.
+struct BytePlanes32 {
+    __m512i plane[4][4];  // plane[k][q]: byte k of entries 64q .. 64q + 63
+};
+
+static void byte_planes32(const uint32_t* table, BytePlanes32& P) {
+    alignas(64) uint8_t bytes[4][256];
+    for (int q = 0; q < 16; ++q) {
+        const __m512i e = _mm512_loadu_si512(table + 16 * q);
+        for (int k = 0; k < 4; ++k)
+            _mm_store_si128(reinterpret_cast<__m128i*>(bytes[k] + 16 * q), _mm512_cvtepi32_epi8(_mm512_srli_epi32(e, 8 * k)));
+    }
+    for (int k = 0; k < 4; ++k)
+        for (int q = 0; q < 4; ++q) P.plane[k][q] = _mm512_load_si512(bytes[k] + 64 * q);
+}
+
+// The unpacks in lut_row32_planes interleave within 128-bit lanes: index byte 16L + 4m + i lands in output
+// 16m + 4L + i. Reordering the indices first by this permutation puts every output where it belongs.
+struct LaneOrder {
+    alignas(64) uint8_t b[64];
+};
+static constexpr LaneOrder lane_order() {
+    LaneOrder o{};
+    for (int L = 0; L < 4; ++L)
+        for (int m = 0; m < 4; ++m)
+            for (int i = 0; i < 4; ++i) o.b[16 * L + 4 * m + i] = static_cast<uint8_t>(16 * m + 4 * L + i);
+    return o;
+}
+static constexpr LaneOrder kLaneOrder = lane_order();
+
+// out[j] = table[idx[j]] for j < n, the table given as its byte planes.
+static void lut_row32_planes(const uint8_t* idx, int64_t n, const BytePlanes32& P, uint32_t* out) {
+    const __m512i reorder = _mm512_load_si512(kLaneOrder.b);
+    __m512i pl[4][4];
+    for (int k = 0; k < 4; ++k)
+        for (int q = 0; q < 4; ++q) pl[k][q] = P.plane[k][q];
+    for (int64_t j = 0; j < n; j += 64) {
+        const int64_t left = n - j;
+        const __mmask64 in = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+        const __m512i x = _mm512_permutexvar_epi8(reorder, _mm512_maskz_loadu_epi8(in, idx + j));
+        const __mmask64 upper = _mm512_movepi8_mask(x);  // index bit 7: entries 128 .. 255
+        __m512i b[4];
+        for (int k = 0; k < 4; ++k)
+            b[k] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(pl[k][0], x, pl[k][1]),
+                                          _mm512_permutex2var_epi8(pl[k][2], x, pl[k][3]));
+        const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+        const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+        const __m512i e[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
+                              _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+        for (int m = 0; m < 4; ++m) {
+            const int64_t rest = left - 16 * m;  // outputs j + 16m .. j + 16m + 15 that exist
+            if (rest <= 0) break;
+            const __mmask16 keep = rest >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << rest) - 1);
+            _mm512_mask_storeu_epi32(out + j + 16 * m, keep, e[m]);
+        }
+    }
+}
+#define TBL_HAVE_LUT32_PLANES 1
+#endif
+
 // Writes one sample. `Map(row, n, channel_table_offset, dst)` maps n bytes whose
 // channel pattern starts at channel 0 (HWC) or is the single channel (CHW).
 template <int C, typename T, typename Map>
@@ -440,6 +505,19 @@ static void write_lut16(const uint8_t* src, const tbl::WriteSpec& s, const tbl::
 
 static void write_lut32(const uint8_t* src, const tbl::WriteSpec& s, const tbl::Lut32& lut, uint32_t* out) {
     const uint32_t* table = lut.table;
+#if defined(TBL_HAVE_LUT32_PLANES)
+    // Every mapped run is one channel's (CHW, or one channel): the lookup in registers, for any table.
+    if (s.chw || s.C == 1) {
+        BytePlanes32 planes[3];
+        for (int64_t c = 0; c < s.C; ++c) byte_planes32(table + c * 256, planes[c]);
+        auto map = [&](const uint8_t* b, int64_t n, int c, uint32_t* o) {
+            lut_row32_planes(b, n, planes[c < 0 ? 0 : c], o);
+        };
+        if (s.C == 3) write_rows<3>(src, s, out, map);
+        else write_rows<1>(src, s, out, map);
+        return;
+    }
+#endif
 #if defined(TBL_HAVE_AFFINE16)
     if (lut.affine_kind != 0) {
         if (s.C == 3) {

@@ -74,5 +74,8 @@ const IsaKernels& isa_baseline();
 #if TBL_HAVE_AVX2
 const IsaKernels& isa_avx2();
 #endif
+#if TBL_HAVE_AVX512
+const IsaKernels& isa_avx512();
+#endif
 
 }  // namespace tbl

@@ -9,7 +9,9 @@ cover one second. Each full run does 3 rounds, round-robin. Configurations:
   batch moves (read + written), single-threaded: the machine's own memory
   bandwidth, same run; its "images" are batches of that many bytes.
 * ``tbl-SIZE-DTYPE-Nt``: ``tbl_kernels.gather_normalize`` / ``gather_u8`` at
-  1 and 2 threads, float32 / float16 / bfloat16 / uint8;
+  1 and 2 threads, float32 / float16 / bfloat16 / uint8, at the level the kernels
+  choose; on a machine with the avx512 level, ``tbl-SIZE-float32-Nt-avx2`` pins
+  the avx2 level (TBL_KERNELS_SIMD): what the avx512 float32 lookup gains;
   ``tbl-crop-256to224-DTYPE-Nt``: ``gather_crop_resize`` with flips.
 * ``turboloader-SIZE-DTYPE``, ``turboloader-crop-256to224-float32`` (with
   ``--peers``, in the peer interpreter): TurboLoader's ``normalize_u8_gather``
@@ -128,31 +130,48 @@ class _Kernel:
         self._fn = None
 
 
-def kernel_batch(tool: str, op: str, size: int, dtype: str, threads: int, inputs: int, out_size: int | None = None):
-    """Workload factory: one batch of `op` ("copy", "gather" or "crop") per epoch."""
+def kernel_batch(tool: str, op: str, size: int, dtype: str, threads: int, inputs: int, out_size: int | None = None,
+                 simd: str | None = None):
+    """Workload factory: one batch of `op` ("copy", "gather" or "crop") per epoch; `simd` the instruction-set
+    level the configuration pinned (TBL_KERNELS_SIMD), checked to be the one the kernels run."""
+    if simd is not None:
+        import tbl_kernels
+
+        if tbl_kernels.simd_level() != simd:
+            raise RuntimeError(f"the kernels run at {tbl_kernels.simd_level()!r}, not the pinned {simd!r}")
     return _Kernel(tool, op, size, out_size or size, dtype, threads, inputs)
 
 
 def configurations(ctx: BenchContext) -> list[Config]:
+    import tbl_kernels
+
+    levels = tbl_kernels.simd_levels()
     batches, warmup = (5, 2) if ctx.quick else (20, 3)
     configs = []
 
     def add(name: str, tool: str, op: str, size: int, dtype: str, threads: int, out_size: int | None = None,
-            role: str = "subject") -> None:
+            role: str = "subject", simd: str | None = None) -> None:
         params = {"tool": tool, "op": op, "size": size, "dtype": dtype, "threads": threads,
                   "inputs": warmup + batches}
         if out_size is not None:
             params["out_size"] = out_size
+        env = {"OMP_NUM_THREADS": str(threads)}
+        if simd is not None:  # a pinned instruction-set level (tbl_kernels reads it at import)
+            params["simd"] = simd
+            env["TBL_KERNELS_SIMD"] = simd
         configs.append(Config(NAME, name, tool, "tbl_bench.suites.kernels:kernel_batch", params, role=role,
                               warmup=warmup, epochs=batches, min_time_s=MIN_TIMED_S, max_epochs=MAX_BATCHES,
                               unit=UNIT, peer=tool == "turboloader", rss=False, preimport=["numpy"],
-                              env={"OMP_NUM_THREADS": str(threads)}))
+                              env=env))
 
     for size in (224,) if ctx.quick else (160, 224):
         add(f"copy-{size}", "numpy", "copy", size, "float32", 1, role="ceiling")
         for threads in (1, 2):
             for dtype in ("float32", "float16", "bfloat16", "uint8"):
                 add(f"tbl-{size}-{dtype}-{threads}t", "tbl", "gather", size, dtype, threads)
+            # float32 at the avx2 level: what the avx512 level's lookup in registers gains
+            if "avx512" in levels:
+                add(f"tbl-{size}-float32-{threads}t-avx2", "tbl", "gather", size, "float32", threads, simd="avx2")
         if ctx.peers:
             for dtype in ("float32", "float16"):
                 add(f"turboloader-{size}-{dtype}", "turboloader", "gather", size, dtype, 2)
@@ -196,6 +215,10 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
                                                                  / rate(f"turboloader-{size}-{dtype}"))
         if rate(f"tbl-{size}-float32-1t"):
             out[f"{size}: float32 2t vs 1t"] = rate(f32) / rate(f"tbl-{size}-float32-1t")
+        for threads in (1, 2):
+            if rate(f"tbl-{size}-float32-{threads}t") and rate(f"tbl-{size}-float32-{threads}t-avx2"):
+                out[f"{size}: float32 at the chosen level vs avx2 ({threads}t)"] = (
+                    rate(f"tbl-{size}-float32-{threads}t") / rate(f"tbl-{size}-float32-{threads}t-avx2"))
     crop = "tbl-crop-256to224-float32"
     if rate(f"{crop}-2t") and rate(f"{crop}-1t"):
         out["crop float32 2t vs 1t"] = rate(f"{crop}-2t") / rate(f"{crop}-1t")
