@@ -161,6 +161,24 @@ def test_a_download_ahead_never_takes_the_cache_over_its_limit(s3_server, local_
         assert cache.size() <= 2 * shard_size
 
 
+def test_a_download_renamed_into_place_counts_once(s3_server, local_ds, remote_url, tmp_path):
+    """A download published between the eviction's two scans is seen both in flight and in place: it counts once,
+    so under a limit the shards fit exactly, a download ahead still fits (it used to look one shard over and
+    fetch nothing)."""
+    from tbl_loader.source.cache import _TMP_MARK
+    from tbl_loader.source.remote import RemoteDataset
+
+    shard_size = max(p.stat().st_size for p in local_ds.iterdir() if p.suffix == ".tbl")
+    with RemoteDataset(remote_url, cache_dir=tmp_path, cache_limit=2 * shard_size,
+                       storage_options=s3_server.storage_options) as ds:
+        cache, entries = ds.cache, ds.shard_entries
+        assert cache.fetch(ds.store, ds.local_dir, entries[0]).exists()
+        # shard 0 as the scans see it in the rename window: its temporary file beside the published file
+        (ds.local_dir / f".{entries[0]['file']}{_TMP_MARK}feed-{shard_size}").touch()
+        assert cache.fetch_ahead(ds.store, ds.local_dir, entries[1]) == ds.local_dir / entries[1]["file"]
+        assert (ds.local_dir / entries[0]["file"]).exists() and cache.downloads == 2
+
+
 def test_parallel_downloads_stay_within_the_limit(s3_server, local_ds, remote_url, tmp_path):
     """Eight threads each fetching shards ahead through a two-shard cache: the bytes on disk, shards and
     downloads in flight, never pass the limit (room is made and the download's file made under one lock)."""

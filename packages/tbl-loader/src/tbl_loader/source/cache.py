@@ -425,18 +425,21 @@ class ShardCache:
                 total += path.stat().st_size
         return total
 
-    def _in_flight(self, keep: Path) -> int:
-        """Bytes of the downloads other threads or processes have under way (from their temporary names)."""
-        total = 0
+    def _in_flight(self, keep: Path) -> dict[Path, int]:
+        """The downloads other threads or processes have under way (from their temporary names): the shard
+        each will publish, and its expected bytes."""
+        flying: dict[Path, int] = {}
         for directory in self.root.iterdir():
             if directory.name.startswith(".") or not directory.is_dir():
                 continue
             for path in directory.rglob(f"*{_TMP_MARK}*"):
                 if path.name.startswith(f".{keep.name}{_TMP_MARK}") and path.parent == keep.parent:
                     continue
-                tail = path.name.rpartition("-")[2]
-                total += int(tail) if tail.isdigit() else 0
-        return total
+                name, _, rest = path.name.partition(_TMP_MARK)
+                tail = rest.rpartition("-")[2]
+                final = path.parent / name[1:]  # ".NAME" + mark + token + "-SIZE"
+                flying[final] = flying.get(final, 0) + (int(tail) if tail.isdigit() else 0)
+        return flying
 
     def _reserve(self, final: Path, size: int, *, ahead: bool = False, wanted: Collection[Path] = ()) -> Path | None:
         """The empty temporary file a ``size``-byte download of ``final`` writes to, created after making room;
@@ -462,15 +465,18 @@ class ShardCache:
         wanted = set(wanted)
         if incoming > self.limit:
             raise CacheFullError(f"{self.root}: cache_limit {self.limit} bytes cannot hold one {incoming}-byte shard")
-        # Downloads in flight first, the published shards second: a download that is renamed into place
-        # between the two scans is then counted twice (an eviction too many), never missed.
+        # Downloads in flight first, the published shards second: a download renamed into place between the two
+        # scans is seen by both, never by neither, and counted once, as the published file (its shard's lock
+        # is held while it downloads, so no other temporary file can stand beside a published shard). Counting
+        # it twice made a download ahead look as if it did not fit, under a limit the shards fit exactly.
         in_flight = self._in_flight(keep)
         files = []
         for path in self.cached_files():
             with contextlib.suppress(FileNotFoundError):
                 st = path.stat()
                 files.append((st.st_mtime_ns, st.st_size, path))
-        total = sum(size for _, size, _ in files) + in_flight
+        published = {path for _, _, path in files}
+        total = sum(size for _, size, _ in files) + sum(n for final, n in in_flight.items() if final not in published)
         for _, size, path in sorted(files, key=lambda f: (f[0], str(f[2]))):
             if total + incoming <= self.limit:
                 break
