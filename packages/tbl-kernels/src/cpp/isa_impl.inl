@@ -742,4 +742,9 @@ static const tbl::IsaKernels kKernels = {
 #else
     nullptr, nullptr,
 #endif
+#if defined(__AVX2__)
+    true,
+#else
+    false,
+#endif
 };

@@ -67,6 +67,9 @@ struct IsaKernels {
     // null where the level has no arithmetic shortcut.
     bool (*affine16_matches)(int kind, int64_t C, const float* a, const float* b, const uint16_t* table);
     bool (*affine32_matches)(int64_t C, const double* a, const double* b, const uint32_t* table);
+    // The level runs AVX2 code (avx2, avx512): code outside these tables with an AVX2 body of its own
+    // (pillow_resize) follows the level `set_simd` selected.
+    bool avx2;
 };
 
 const IsaKernels& isa_scalar();

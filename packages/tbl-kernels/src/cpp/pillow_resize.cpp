@@ -172,9 +172,8 @@ void horizontal_pass(const uint8_t* src, int64_t src_stride, int64_t in_w, int64
             for (int c = 0; c < 4; ++c) plan.weights[((x * plan.even) + shift + k) * 4 + c] = ax.coef[x * taps + k];
     }
 #if TBL_X86_DISPATCH
-    // The level `tbl_kernels.set_simd` selects ("avx2" and "avx512" only where this CPU has them).
-    const char* level = active_kernels().name;
-    if (plan.even % 2 == 0 && (std::strcmp(level, "avx2") == 0 || std::strcmp(level, "avx512") == 0)) {
+    // The level `tbl_kernels.set_simd` selects (an AVX2 level only where this CPU has it).
+    if (plan.even % 2 == 0 && active_kernels().avx2) {
         horizontal_rows_avx2<C>(src, src_stride, row0, rows, out_w, plan, dst);
         return;
     }

@@ -433,11 +433,11 @@ class ShardCache:
             if directory.name.startswith(".") or not directory.is_dir():
                 continue
             for path in directory.rglob(f"*{_TMP_MARK}*"):
-                if path.name.startswith(f".{keep.name}{_TMP_MARK}") and path.parent == keep.parent:
-                    continue
                 name, _, rest = path.name.partition(_TMP_MARK)
-                tail = rest.rpartition("-")[2]
                 final = path.parent / name[1:]  # ".NAME" + mark + token + "-SIZE"
+                if final == keep:
+                    continue
+                tail = rest.rpartition("-")[2]
                 flying[final] = flying.get(final, 0) + (int(tail) if tail.isdigit() else 0)
         return flying
 
